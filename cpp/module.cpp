@@ -1,0 +1,108 @@
+// llama_extrapolate._core: a thin binding of the llama-extrapolate C API.
+//
+// The logic lives in the Python package; this module only converts between
+// the C API and Python objects. It links against the patched libllama, which
+// llama_extrapolate loads (through llama_cpp) before importing this module, so
+// both share one loaded copy of the library.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <llama-extrapolate.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#if defined(_WIN32)
+#include <windows.h>
+#else
+#include <dlfcn.h>
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+std::vector<std::string> split_list(const char * text) {
+    std::vector<std::string> out;
+    std::string item;
+    for (const char * c = text; c && *c; ++c) {
+        if (*c == ';') {
+            if (!item.empty()) out.push_back(item);
+            item.clear();
+        } else {
+            item.push_back(*c);
+        }
+    }
+    if (!item.empty()) out.push_back(item);
+    return out;
+}
+
+// path of the shared object that defines the C API, as the loader resolved it
+std::string library_path() {
+#if defined(_WIN32)
+    HMODULE handle = nullptr;
+    if (!GetModuleHandleExA(GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS | GET_MODULE_HANDLE_EX_FLAG_UNCHANGED_REFCOUNT,
+                            reinterpret_cast<LPCSTR>(&llama_ext_api_version), &handle)) {
+        throw std::runtime_error("GetModuleHandleExA failed for llama_ext_api_version");
+    }
+    char buf[MAX_PATH];
+    DWORD n = GetModuleFileNameA(handle, buf, MAX_PATH);
+    return std::string(buf, n);
+#else
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void *>(&llama_ext_api_version), &info) == 0 || info.dli_fname == nullptr) {
+        throw std::runtime_error("dladdr failed for llama_ext_api_version");
+    }
+    return info.dli_fname;
+#endif
+}
+
+const llama_context * context_from_address(std::uintptr_t address) {
+    if (address == 0) {
+        throw py::value_error("context address is 0 (NULL): pass the address of a live llama_context, "
+                              "e.g. llama_extrapolate.context_address(llm)");
+    }
+    return reinterpret_cast<const llama_context *>(address);
+}
+
+py::dict context_info(std::uintptr_t address) {
+    llama_ext_context_info info{};
+    if (llama_ext_context_get_info(context_from_address(address), &info) != 0) {
+        throw std::runtime_error("llama_ext_context_get_info failed");
+    }
+    py::dict d;
+    d["n_ctx"]            = info.n_ctx;
+    d["n_batch"]          = info.n_batch;
+    d["n_ubatch"]         = info.n_ubatch;
+    d["n_seq_max"]        = info.n_seq_max;
+    d["n_ctx_train"]      = info.n_ctx_train;
+    d["n_layer"]          = info.n_layer;
+    d["n_head"]           = info.n_head;
+    d["n_head_kv"]        = info.n_head_kv;
+    d["rope_type"]        = info.rope_type;
+    d["f_max_alibi_bias"] = info.f_max_alibi_bias;
+    return d;
+}
+
+} // namespace
+
+PYBIND11_MODULE(_core, m) {
+    m.doc() = "Binding of the llama-extrapolate C API in the patched libllama";
+
+    m.attr("COMPILED_API_VERSION") = LLAMA_EXT_API_VERSION;
+
+    m.def("api_version", &llama_ext_api_version, "API version of the loaded patched libllama");
+    m.def("version", [] { return std::string(llama_ext_version()); },
+          "llama-extrapolate version the library was built for");
+    m.def("upstream_commit", [] { return std::string(llama_ext_upstream_commit()); },
+          "upstream llama.cpp commit the patches apply to");
+    m.def("patches", [] { return split_list(llama_ext_patches()); }, "applied patches, in order");
+    m.def("features", [] { return split_list(llama_ext_features()); }, "attention features compiled in");
+    m.def("library_path", &library_path, "file of the libllama this module is bound to");
+    m.def("api_address", [] { return reinterpret_cast<std::uintptr_t>(&llama_ext_api_version); },
+          "address of llama_ext_api_version in this process (to check that two bindings share one library)");
+    m.def("context_info", &context_info, py::arg("ctx_address"),
+          "facts of a live llama_context given its address (e.g. from llama_cpp.Llama)");
+}

@@ -1,0 +1,26 @@
+"""llama-extrapolate: read documents far longer than a GGUF model was trained on.
+
+Importing this package makes ``llama_cpp`` run on the patched libllama that the
+package ships, and binds ``llama_extrapolate._core`` to the same loaded copy.
+Import it before ``llama_cpp``.
+"""
+
+from __future__ import annotations
+
+from ._library import LIB_DIR, LibraryConflictError, load as _load
+
+_core = _load()
+
+from .handles import context_address, context_info  # noqa: E402
+from .models import ModelNotFoundError, default_model_path  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LIB_DIR",
+    "LibraryConflictError",
+    "ModelNotFoundError",
+    "context_address",
+    "context_info",
+    "default_model_path",
+]

@@ -1,0 +1,144 @@
+"""Facts of a GGUF model that the attention depends on, read from its metadata.
+
+The pretraining length L_pre (``<arch>.context_length``) sets the defaults of
+the window and the ceiling, and the position encoding decides how the ceiling
+is applied (RoPE rotation or ALiBi bias), so these are read once here and
+checked, with errors that name the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from .models import ModelNotFoundError
+
+# enum llama_rope_type in llama.h
+_ROPE_TYPES = {-1: "none", 0: "normal", 2: "neox", 8: "mrope", 24: "vision", 40: "imrope"}
+
+
+class InvalidModelError(ValueError):
+    """The file is not a usable GGUF model; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    name: Optional[str]
+    architecture: str
+    context_length: int
+    block_count: int
+    head_count: Union[int, list]
+    head_count_kv: Union[int, list]
+    embedding_length: Optional[int]
+    position_encoding: str  # "rope", "alibi" or "none"
+    rope_type: Optional[str]
+    rope_freq_base: Optional[float]
+    rope_dimension_count: Optional[int]
+    rope_scaling_type: Optional[str]
+    alibi_max_bias: Optional[float]
+    sliding_window: Optional[int]
+    file_size: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _field_value(field) -> Any:
+    value = field.contents()
+    if isinstance(value, list) and value and all(v == value[0] for v in value):
+        return value[0]  # per-layer arrays that are uniform read as one number
+    return value
+
+
+def _rope_type_from_library(path: Path) -> int:
+    """Ask the patched llama.cpp (vocab-only load) for the RoPE type of the architecture."""
+    import llama_cpp  # loaded on the patched library by the package import
+    import llama_cpp._logger  # noqa: F401  (installs llama-cpp-python's log callback)
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    # llama.cpp's loader logs every metadata key at INFO; keep errors only, as Llama(verbose=False) does
+    log = logging.getLogger("llama-cpp-python")
+    level = log.level
+    log.setLevel(max(level, logging.ERROR))
+    try:
+        model = llama_cpp.llama_model_load_from_file(os.fsencode(path), params)
+    finally:
+        log.setLevel(level)
+    if not model:
+        raise InvalidModelError(
+            f"{path}: llama.cpp could not load this model (unsupported architecture or corrupt "
+            "tensors); see the log above"
+        )
+    try:
+        return int(llama_cpp.llama_model_rope_type(model))
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def read_model_info(path: Union[str, os.PathLike]) -> ModelInfo:
+    """Read and check the metadata of a GGUF model file."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelNotFoundError(f"model file {path} does not exist: pass the path of a .gguf file")
+    try:
+        reader = GGUFReader(str(path), "r")
+    except Exception as exc:  # gguf raises ValueError, IndexError, struct errors ... on bad files
+        raise InvalidModelError(
+            f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc}); "
+            "check that the download or copy is complete"
+        ) from exc
+
+    fields = reader.fields
+
+    def get(key: str, default: Any = None) -> Any:
+        field = fields.get(key)
+        return default if field is None else _field_value(field)
+
+    arch = get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise InvalidModelError(f"{path}: GGUF metadata has no general.architecture")
+
+    def required(suffix: str) -> Any:
+        value = get(f"{arch}.{suffix}")
+        if value is None:
+            raise InvalidModelError(f"{path}: GGUF metadata has no {arch}.{suffix}")
+        return value
+
+    context_length = int(required("context_length"))
+    if context_length <= 0:
+        raise InvalidModelError(f"{path}: {arch}.context_length = {context_length} must be positive")
+
+    alibi = get(f"{arch}.attention.max_alibi_bias")
+    rope_type = _ROPE_TYPES.get(_rope_type_from_library(path), "unknown")
+    if rope_type != "none":
+        encoding = "rope"
+    elif alibi is not None and float(alibi) > 0:
+        encoding = "alibi"
+    else:
+        encoding = "none"
+
+    return ModelInfo(
+        path=str(path),
+        name=get("general.name"),
+        architecture=arch,
+        context_length=context_length,
+        block_count=int(required("block_count")),
+        head_count=required("attention.head_count"),
+        head_count_kv=get(f"{arch}.attention.head_count_kv", get(f"{arch}.attention.head_count")),
+        embedding_length=get(f"{arch}.embedding_length"),
+        position_encoding=encoding,
+        rope_type=rope_type if encoding == "rope" else None,
+        rope_freq_base=(float(get(f"{arch}.rope.freq_base", 10000.0)) if encoding == "rope" else None),
+        rope_dimension_count=get(f"{arch}.rope.dimension_count") if encoding == "rope" else None,
+        rope_scaling_type=get(f"{arch}.rope.scaling.type") if encoding == "rope" else None,
+        alibi_max_bias=float(alibi) if alibi is not None else None,
+        sliding_window=get(f"{arch}.attention.sliding_window"),
+        file_size=path.stat().st_size,
+    )

@@ -1,0 +1,81 @@
+"""`llama-extrapolate info`, run as a user would (child processes, so a crash is a failure)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_env
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "llama_extrapolate", *args],
+                          capture_output=True, text=True, env=clean_env(), timeout=timeout)
+
+
+def test_info_default_model_text():
+    proc = cli("info")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "context length   8192" in out
+    assert "architecture     llama" in out
+    assert "RoPE, normal, base 100000" in out
+    assert "layers           30" in out
+    assert "heads            9" in out
+    assert "KV heads         3" in out
+    assert "llama.cpp commit   0c1e570" in out
+    assert "0001-llama-extrapolate-c-api.patch" in out
+
+
+def test_info_console_script_json(default_model):
+    script = Path(sys.executable).parent / "llama-extrapolate"
+    if not script.exists():
+        pytest.skip(f"console script not installed beside {sys.executable}")
+    proc = subprocess.run([str(script), "info", "--json", "--model", str(default_model)],
+                          capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    facts = json.loads(proc.stdout)
+    model = facts["model"]
+    assert model["context_length"] == 8192
+    assert model["architecture"] == "llama"
+    assert (model["block_count"], model["head_count"], model["head_count_kv"]) == (30, 9, 3)
+    assert model["position_encoding"] == "rope" and model["rope_type"] == "normal"
+    assert model["rope_freq_base"] == 100000.0
+    lib = facts["library"]
+    assert lib["llama_cpp_commit"] == "0c1e570"
+    assert lib["llama_cpp_python"] == "0.3.36"
+    assert Path(lib["library"]).name == "libllama.so"
+
+
+def _write_gguf(path, *, context_length=True):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    if context_length:
+        writer.add_context_length(64)
+    writer.add_head_count(2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("case", ["missing", "text", "truncated-header", "truncated-data", "no-context-length"])
+def test_info_bad_model_is_a_clear_error(case, tmp_path, default_model):
+    path = tmp_path / f"{case}.gguf"
+    if case == "text":
+        path.write_text("this is not a model\n")
+    elif case.startswith("truncated"):
+        data = default_model.read_bytes()
+        path.write_bytes(data[:4096] if case == "truncated-header" else data[: len(data) // 2])
+    elif case == "no-context-length":
+        _write_gguf(path, context_length=False)
+    proc = cli("info", "--model", str(path))
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)  # an error exit, not a crash
+    assert "error:" in proc.stderr
+    assert str(path) in proc.stderr
+    if case == "no-context-length":
+        assert "llama.context_length" in proc.stderr
