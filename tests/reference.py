@@ -1,0 +1,126 @@
+"""A small numpy implementation of the attention of DESIGN.md, the oracle for llama.cpp.
+
+It is written from the definition, not from llama.cpp's graph: a query at
+position p scores a visible key at position j as if they were
+d = min(p - j, C) apart, i.e. (R(d) q) . k with q and k *unrotated*; it
+never stores rotated keys, never evicts anything and never re-bases
+positions, so each of those llama.cpp mechanisms is checked against
+arithmetic that does not share its shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from tinymodel import TinyLlama
+
+
+@dataclass
+class RefAttention:
+    sinks: int = 0  # S: keys j < S stay visible
+    window: int = 0  # W: keys with p - j < W are visible; 0 = every past key
+    ceiling: int = 0  # C: distances are min(p - j, C); 0 = none
+    tau: Union[float, np.ndarray] = 1.0  # scalar, (n_layer,) or (n_layer, n_head)
+    log_length: int = 0  # L_tr of tau(p) = log L_tr / log max(p + 1, L_tr); 0 = off
+
+    def visible(self, p: int, j: np.ndarray) -> np.ndarray:
+        causal = j <= p
+        if self.window <= 0:
+            return causal
+        return causal & ((p - j < self.window) | (j < self.sinks))
+
+    def distance(self, p: int, j: np.ndarray) -> np.ndarray:
+        d = p - j
+        return np.minimum(d, self.ceiling) if self.ceiling > 0 else d
+
+    def temperature(self, layer: int, n_head: int, p: int) -> np.ndarray:
+        tau = np.asarray(self.tau, dtype=np.float64)
+        if tau.ndim == 0:
+            t = np.full(n_head, float(tau))
+        elif tau.ndim == 1:
+            t = np.full(n_head, tau[layer])
+        else:
+            t = tau[layer].astype(np.float64)
+        if self.log_length > 0:
+            t = t * (np.log(self.log_length) / np.log(max(p + 1, self.log_length)))
+        return t
+
+
+def rope_angles(d: np.ndarray, n_rot: int, base: float) -> np.ndarray:
+    inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    return np.asarray(d, dtype=np.float64)[..., None] * inv_freq  # (..., n_rot/2)
+
+
+def rotate(x: np.ndarray, angles: np.ndarray, neox: bool = False) -> np.ndarray:
+    """Rotate the last axis of x by angles (broadcast), ggml's NORM (adjacent pairs) or NEOX (halves)."""
+    n = angles.shape[-1]
+    if neox:
+        x0, x1 = x[..., :n], x[..., n:2 * n]
+    else:
+        x0, x1 = x[..., 0:2 * n:2], x[..., 1:2 * n:2]
+    c, s = np.cos(angles), np.sin(angles)
+    r0, r1 = x0 * c - x1 * s, x0 * s + x1 * c
+    out = np.array(np.broadcast_to(x, np.broadcast_shapes(x.shape, r0.shape[:-1] + x.shape[-1:])), dtype=np.float64)
+    if neox:
+        out[..., :n], out[..., n:2 * n] = r0, r1
+    else:
+        out[..., 0:2 * n:2], out[..., 1:2 * n:2] = r0, r1
+    return out
+
+
+def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: float,
+              neox: bool = False, alibi_slopes: Optional[np.ndarray] = None) -> np.ndarray:
+    """q (T, H, D), k and v (T, Hkv, D), unrotated; returns (T, H, D)."""
+    T, H, D = q.shape
+    group = H // k.shape[1]
+    kh = np.repeat(k, group, axis=1)  # GQA: query head h reads kv head h // group
+    vh = np.repeat(v, group, axis=1)
+    positions = np.asarray(positions)
+    out = np.zeros((T, H, D))
+    for i, p in enumerate(positions):
+        keys = np.nonzero(cfg.visible(p, positions))[0]
+        d = cfg.distance(p, positions[keys])
+        if alibi_slopes is None:
+            qd = rotate(q[i][None, :, :], rope_angles(d, D, rope_base)[:, None, :], neox)  # (K, H, D)
+            logits = np.einsum("khd,khd->hk", qd, kh[keys]) / np.sqrt(D)
+        else:
+            logits = np.einsum("hd,khd->hk", q[i], kh[keys]) / np.sqrt(D)
+            logits = logits - alibi_slopes[:, None] * d[None, :]
+        logits = logits / cfg.temperature(layer, H, p)[:, None]
+        logits -= logits.max(axis=1, keepdims=True)
+        w = np.exp(logits)
+        w /= w.sum(axis=1, keepdims=True)
+        out[i] = np.einsum("hk,khd->hd", w, vh[keys])
+    return out
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
+            positions: Optional[Sequence[int]] = None) -> np.ndarray:
+    """Logits (T, n_vocab) of a tiny llama model for the whole token sequence."""
+    cfg = cfg or RefAttention()
+    w = {name: t.astype(np.float64) for name, t in model.weights.items()}
+    tokens = np.asarray(tokens)
+    T = len(tokens)
+    positions = np.arange(T) if positions is None else np.asarray(positions)
+    H, Hkv, D = model.n_head, model.n_head_kv, model.head_dim
+    x = w["token_embd.weight"][tokens]
+    for il in range(model.n_layer):
+        h = rms_norm(x, w[f"blk.{il}.attn_norm.weight"], model.rms_eps)
+        q = (h @ w[f"blk.{il}.attn_q.weight"].T).reshape(T, H, D)
+        k = (h @ w[f"blk.{il}.attn_k.weight"].T).reshape(T, Hkv, D)
+        v = (h @ w[f"blk.{il}.attn_v.weight"].T).reshape(T, Hkv, D)
+        a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_base)
+        x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
+        h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], model.rms_eps)
+        g = h @ w[f"blk.{il}.ffn_gate.weight"].T
+        u = h @ w[f"blk.{il}.ffn_up.weight"].T
+        x = x + ((g / (1 + np.exp(-g))) * u) @ w[f"blk.{il}.ffn_down.weight"].T
+    x = rms_norm(x, w["output_norm.weight"], model.rms_eps)
+    return x @ w["output.weight"].T

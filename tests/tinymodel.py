@@ -1,0 +1,93 @@
+"""Tiny GGUF models with random weights, written with ``gguf``, and their weights for the oracle.
+
+The numerical paths are checked on models small enough that a numpy forward
+pass (tests/reference.py) is instant: a llama-like RoPE model with GQA. All
+tensors are f32 so that the only differences to llama.cpp are float rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+
+
+@dataclass
+class TinyLlama:
+    n_vocab: int = 64
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_layer: int = 2
+    n_ff: int = 96
+    n_ctx_train: int = 64
+    rope_base: float = 10000.0
+    rms_eps: float = 1e-5
+    seed: int = 0
+    weights: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def make_weights(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        d, hd = self.n_embd, self.head_dim
+
+        def mat(rows, cols, scale=1.0):
+            return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+
+        def norm(n):
+            return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+        w = {"token_embd.weight": rng.standard_normal((self.n_vocab, d)).astype(np.float32),
+             "output_norm.weight": norm(d),
+             "output.weight": mat(self.n_vocab, d)}
+        for i in range(self.n_layer):
+            # q and k scaled up so that attention is peaked enough for position to matter
+            w[f"blk.{i}.attn_norm.weight"] = norm(d)
+            w[f"blk.{i}.attn_q.weight"] = mat(self.n_head * hd, d, 3.0)
+            w[f"blk.{i}.attn_k.weight"] = mat(self.n_head_kv * hd, d, 3.0)
+            w[f"blk.{i}.attn_v.weight"] = mat(self.n_head_kv * hd, d)
+            w[f"blk.{i}.attn_output.weight"] = mat(d, self.n_head * hd)
+            w[f"blk.{i}.ffn_norm.weight"] = norm(d)
+            w[f"blk.{i}.ffn_gate.weight"] = mat(self.n_ff, d)
+            w[f"blk.{i}.ffn_up.weight"] = mat(self.n_ff, d)
+            w[f"blk.{i}.ffn_down.weight"] = mat(d, self.n_ff)
+        self.weights = w
+
+    def write(self, path: Path) -> Path:
+        import gguf
+
+        if not self.weights:
+            self.make_weights()
+        writer = gguf.GGUFWriter(str(path), "llama")
+        writer.add_name("tiny-llama-test")
+        writer.add_context_length(self.n_ctx_train)
+        writer.add_embedding_length(self.n_embd)
+        writer.add_block_count(self.n_layer)
+        writer.add_feed_forward_length(self.n_ff)
+        writer.add_head_count(self.n_head)
+        writer.add_head_count_kv(self.n_head_kv)
+        writer.add_rope_dimension_count(self.head_dim)
+        writer.add_rope_freq_base(self.rope_base)
+        writer.add_layer_norm_rms_eps(self.rms_eps)
+        writer.add_file_type(0)  # all f32
+        # a minimal SentencePiece-style vocabulary: the tests feed token ids directly
+        writer.add_tokenizer_model("llama")
+        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(self.n_vocab - 3)]
+        writer.add_token_list(tokens)
+        writer.add_token_scores([0.0] * self.n_vocab)
+        writer.add_token_types([2, 3, 3] + [6] * (self.n_vocab - 3))
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
+        for name, tensor in self.weights.items():
+            writer.add_tensor(name, tensor)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
