@@ -6,6 +6,7 @@
 // both share one loaded copy of the library.
 
 #include <pybind11/pybind11.h>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <llama-extrapolate.h>
@@ -86,6 +87,61 @@ py::dict context_info(std::uintptr_t address) {
     return d;
 }
 
+llama_context * mutable_context_from_address(std::uintptr_t address) {
+    return const_cast<llama_context *>(context_from_address(address));
+}
+
+const char * status_text(int32_t status) {
+    switch (status) {
+        case LLAMA_EXT_ERR_NULL:        return "a required pointer is NULL";
+        case LLAMA_EXT_ERR_COUNT:       return "wrong number of values";
+        case LLAMA_EXT_ERR_VALUE:       return "a value is out of range";
+        case LLAMA_EXT_ERR_UNSUPPORTED: return "not supported for this model or context";
+        default:                        return "unknown error";
+    }
+}
+
+void check_status(int32_t status, const char * what) {
+    if (status != LLAMA_EXT_OK) {
+        throw py::value_error(std::string(what) + ": " + status_text(status) + " (status " + std::to_string(status) + ")");
+    }
+}
+
+py::dict model_attention(std::uintptr_t model_address) {
+    if (model_address == 0) {
+        throw py::value_error("model address is 0 (NULL): pass the address of a loaded llama_model");
+    }
+    llama_ext_attention_params p{};
+    check_status(llama_ext_model_get_attention(reinterpret_cast<const llama_model *>(model_address), &p),
+                 "llama_ext_model_get_attention");
+    py::dict d;
+    d["n_sink"]                 = p.n_sink;
+    d["n_window"]               = p.n_window;
+    d["n_ceiling"]              = p.n_ceiling;
+    d["temperature"]            = p.temperature;
+    d["temperature_log_length"] = p.temperature_log_length;
+    return d;
+}
+
+void set_temperature(std::uintptr_t ctx_address,
+                     py::array_t<float, py::array::c_style | py::array::forcecast> tau,
+                     uint32_t log_length) {
+    llama_context * ctx = mutable_context_from_address(ctx_address);
+    check_status(llama_ext_set_temperature(ctx, tau.data(), (size_t) tau.size(), log_length),
+                 "llama_ext_set_temperature");
+}
+
+py::tuple get_temperature(std::uintptr_t ctx_address) {
+    const llama_context * ctx = context_from_address(ctx_address);
+    llama_ext_context_info info{};
+    check_status(llama_ext_context_get_info(ctx, &info), "llama_ext_context_get_info");
+    py::array_t<float> tau({(py::ssize_t) info.n_layer, (py::ssize_t) info.n_head});
+    uint32_t log_length = 0;
+    check_status(llama_ext_get_temperature(ctx, tau.mutable_data(), (size_t) tau.size(), &log_length),
+                 "llama_ext_get_temperature");
+    return py::make_tuple(tau, log_length);
+}
+
 } // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -105,4 +161,10 @@ PYBIND11_MODULE(_core, m) {
           "address of llama_ext_api_version in this process (to check that two bindings share one library)");
     m.def("context_info", &context_info, py::arg("ctx_address"),
           "facts of a live llama_context given its address (e.g. from llama_cpp.Llama)");
+    m.def("model_attention", &model_attention, py::arg("model_address"),
+          "Lambda-attention and temperature parameters a model was loaded with");
+    m.def("set_temperature", &set_temperature, py::arg("ctx_address"), py::arg("tau"), py::arg("log_length"),
+          "softmax temperature: 1, n_layer or n_layer*n_head values (layer-major); log_length 0 = no schedule");
+    m.def("get_temperature", &get_temperature, py::arg("ctx_address"),
+          "(tau[n_layer, n_head], log_length) of a live context");
 }

@@ -11,13 +11,22 @@ from ._library import LIB_DIR, LibraryConflictError, load as _load
 
 _core = _load()
 
+from .config import AttentionConfig, ResolvedAttention  # noqa: E402
 from .handles import context_address, context_info  # noqa: E402
+from .model import Llama  # noqa: E402
+from .modelinfo import InvalidModelError, ModelInfo, read_model_info  # noqa: E402
 from .models import ModelNotFoundError, default_model_path  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionConfig",
+    "InvalidModelError",
     "LIB_DIR",
+    "Llama",
+    "ModelInfo",
+    "ResolvedAttention",
+    "read_model_info",
     "LibraryConflictError",
     "ModelNotFoundError",
     "context_address",

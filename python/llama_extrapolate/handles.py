@@ -38,3 +38,13 @@ def context_address(obj: Any) -> int:
 def context_info(obj: Any) -> dict:
     """Facts of a live context, read by the patched library itself."""
     return _load().context_info(context_address(obj))
+
+
+def model_address(obj: Any) -> int:
+    """Address of the ``llama_model`` behind a ``llama_cpp.Llama`` (or a raw pointer)."""
+    ptr = obj.model if hasattr(obj, "model") and not isinstance(obj, (int, ctypes.c_void_p)) else obj
+    if isinstance(ptr, ctypes.c_void_p):
+        ptr = ptr.value
+    if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr <= 0:
+        raise ValueError(f"{obj!r} has no loaded llama_model")
+    return ptr

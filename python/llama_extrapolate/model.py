@@ -1,0 +1,87 @@
+"""A drop-in ``llama_cpp.Llama`` that takes ``attention=AttentionConfig(...)``.
+
+Everything of llama-cpp-python keeps working (completion, chat, eval,
+sampling); the attention is configured through GGUF metadata overrides at load
+and the C API at run time, then read back from the library so that a setting
+that did not arrive is an error, not vanilla attention in disguise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import llama_cpp
+import numpy as np
+
+from . import _core
+from .config import AttentionConfig, ResolvedAttention, Temperature
+from .handles import context_address, model_address
+from .modelinfo import read_model_info
+
+
+class Llama(llama_cpp.Llama):
+    """``llama_cpp.Llama`` with LM-Infinite attention and softmax temperatures.
+
+    ``attention=None`` leaves the attention untouched (bit-identical to
+    llama-cpp-python); ``AttentionConfig()`` is LM-Infinite with the model's
+    defaults.
+    """
+
+    def __init__(self, model_path: str, *args: Any, attention: Optional[AttentionConfig] = None,
+                 **kwargs: Any) -> None:
+        if attention is not None and not isinstance(attention, AttentionConfig):
+            raise TypeError(f"attention={attention!r} must be an AttentionConfig (or None for vanilla attention)")
+        self.attention = attention if attention is not None else AttentionConfig.vanilla()
+        self.model_info = read_model_info(model_path)
+        self.attention_resolved: ResolvedAttention = self.attention.resolve(self.model_info)
+
+        if args:
+            raise TypeError("pass llama_cpp.Llama options by keyword (n_ctx=..., n_batch=...)")
+        n_ctx = int(kwargs.get("n_ctx", 512))
+        n_batch = min(int(kwargs.get("n_batch", 512)), n_ctx) if n_ctx > 0 else int(kwargs.get("n_batch", 512))
+        n_ubatch = min(int(kwargs.get("n_ubatch", 512)), n_batch)
+        self.attention.check_context(self.attention_resolved, n_ctx, n_ubatch)
+
+        overrides = self.attention_resolved.kv_overrides(self.model_info.architecture)
+        user = dict(kwargs.pop("kv_overrides", None) or {})
+        clash = sorted(k for k in overrides if k in user and user[k] != overrides[k])
+        if clash:
+            raise ValueError(
+                f"kv_overrides sets {clash[0]}={user[clash[0]]!r}, which attention= also sets "
+                f"(to {overrides[clash[0]]!r}): configure it in AttentionConfig only"
+            )
+        user.update(overrides)
+
+        super().__init__(model_path, kv_overrides=user, **kwargs)
+
+        loaded = _core.model_attention(model_address(self))
+        expected = self.attention_resolved
+        if (loaded["n_sink"], loaded["n_window"], loaded["n_ceiling"], loaded["temperature_log_length"]) != (
+                expected.sinks, expected.window, expected.ceiling, expected.log_length):
+            raise RuntimeError(f"the library was loaded with {loaded}, not with {expected}: the overrides did not apply")
+        # per-layer / per-head values (metadata carries only one number) go through the C API
+        self._apply_temperature(expected.temperature, expected.log_length)
+
+    def _apply_temperature(self, tau: np.ndarray, log_length: int) -> None:
+        _core.set_temperature(context_address(self), np.ascontiguousarray(tau, dtype=np.float32).ravel(),
+                              int(log_length))
+        got, got_log_length = _core.get_temperature(context_address(self))
+        if not np.array_equal(got, tau) or got_log_length != log_length:
+            raise RuntimeError("the library did not take the temperature that was set")
+
+    def set_temperature(self, temperature: Temperature = 1.0, schedule: Optional[str] = None,
+                        log_length: Optional[int] = None) -> None:
+        """Change the softmax temperature between decodes (no reload; calibration tries many values)."""
+        config = self.attention.with_temperature(temperature, schedule, log_length)
+        resolved = config.resolve(self.model_info)
+        self._apply_temperature(resolved.temperature, resolved.log_length)
+        self.attention, self.attention_resolved = config, resolved
+
+    def get_temperature(self) -> tuple:
+        """(tau[n_layer, n_head], log_length) as the library holds them."""
+        return _core.get_temperature(context_address(self))
+
+    def close(self) -> None:
+        # a constructor that raised before llama_cpp.Llama.__init__ left nothing to close
+        if hasattr(self, "_stack"):
+            super().close()

@@ -1,0 +1,135 @@
+"""Lambda mask and softmax temperature in llama.cpp against the numpy oracle, on a tiny model.
+
+Tiny random llama-like model (RoPE, GQA 4/2 heads, 2 layers, L_pre = 64),
+300-token streams, window 32 and 4 sinks, ubatch 1 and 64, f32 KV cache so
+that only float rounding separates llama.cpp from the reference (tolerance
+2e-3 on logits of magnitude ~5; the knobs move logits by > 0.5).
+"""
+
+import numpy as np
+import pytest
+
+from reference import RefAttention, forward
+from tinymodel import TinyLlama
+
+N_TOKENS = 300
+TOL = 2e-3
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    model = TinyLlama()
+    model.make_weights()
+    path = model.write(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
+    tokens = np.random.default_rng(2).integers(3, model.n_vocab, size=N_TOKENS).tolist()
+    return model, path, tokens
+
+
+def make_llm(path, attention, ubatch=64, **kw):
+    import llama_extrapolate
+
+    return llama_extrapolate.Llama(str(path), attention=attention, n_ctx=512, n_batch=ubatch, n_ubatch=ubatch,
+                                   n_threads=2, logits_all=True, verbose=False, type_k=0, type_v=0, **kw)
+
+
+def run(llm, tokens):
+    llm.reset()
+    llm.eval(tokens)
+    return np.asarray(llm.scores[: len(tokens)], dtype=np.float64)
+
+
+def check(got, ref, what):
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"{what}: max |llama.cpp - reference| = {err}"
+
+
+CASES = {
+    "lambda": (dict(sinks=4, window=32, ceiling=0), RefAttention(sinks=4, window=32)),
+    "window-only": (dict(sinks=0, window=32, ceiling=0), RefAttention(window=32)),
+    "temperature": (dict(sinks=0, window=0, ceiling=0, temperature=0.8), RefAttention(tau=0.8)),
+    "lambda+log-length": (dict(sinks=4, window=32, ceiling=0, temperature_schedule="log-length", log_length=32),
+                          RefAttention(sinks=4, window=32, log_length=32)),
+}
+
+
+@pytest.mark.parametrize("ubatch", [1, 64])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_knobs_match_reference(tiny, case, ubatch):
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny
+    kwargs, ref_cfg = CASES[case]
+    llm = make_llm(path, AttentionConfig(**kwargs), ubatch=ubatch)
+    try:
+        check(run(llm, tokens), forward(model, tokens, ref_cfg), f"{case}, ubatch {ubatch}")
+    finally:
+        llm.close()
+
+
+def test_per_layer_and_per_head_temperature_change_between_decodes(tiny):
+    """One context: tau changes without reload, and back to 1 gives vanilla again."""
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny
+    tokens = tokens[:160]
+    llm = make_llm(path, AttentionConfig(sinks=4, window=32, ceiling=0))
+    try:
+        base = run(llm, tokens)
+        check(base, forward(model, tokens, RefAttention(sinks=4, window=32)), "tau = 1")
+
+        per_layer = np.array([0.7, 1.3])
+        llm.set_temperature(per_layer)
+        check(run(llm, tokens), forward(model, tokens, RefAttention(sinks=4, window=32, tau=per_layer)),
+              "per-layer tau")
+
+        per_head = np.random.default_rng(3).uniform(0.6, 1.4, size=(model.n_layer, model.n_head))
+        llm.set_temperature(per_head.astype(np.float32))
+        check(run(llm, tokens),
+              forward(model, tokens, RefAttention(sinks=4, window=32, tau=per_head.astype(np.float32))),
+              "per-head tau")
+        tau, log_length = llm.get_temperature()
+        np.testing.assert_array_equal(tau, per_head.astype(np.float32))
+        assert log_length == 0
+
+        llm.set_temperature(1.0)
+        np.testing.assert_array_equal(run(llm, tokens), base)
+    finally:
+        llm.close()
+
+
+def test_nothing_enabled_equals_plain_llama_cpp(tiny):
+    import llama_cpp
+    from llama_extrapolate import AttentionConfig
+
+    _, path, tokens = tiny
+    llm = make_llm(path, None)
+    plain = llama_cpp.Llama(str(path), n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2, logits_all=True,
+                            verbose=False, type_k=0, type_v=0)
+    off = make_llm(path, AttentionConfig.vanilla())
+    try:
+        a, b, c = run(llm, tokens), run(plain, tokens), run(off, tokens)
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(c, b)
+    finally:
+        llm.close(), plain.close(), off.close()
+
+
+def test_metadata_keys_reach_llama_cpp_through_kv_overrides(tiny):
+    import llama_cpp
+    import llama_extrapolate
+
+    _, path, _ = tiny
+    llm = llama_cpp.Llama(str(path), n_ctx=256, verbose=False, kv_overrides={
+        "llama.attention.lambda.sink_count": 3,
+        "llama.attention.lambda.window": 40,
+        "llama.attention.softmax_temperature": 0.9,
+        "llama.attention.softmax_temperature.log_length": 50,
+    })
+    try:
+        got = llama_extrapolate._core.model_attention(llama_extrapolate.handles.model_address(llm))
+        assert got == {"n_sink": 3, "n_window": 40, "n_ceiling": 0, "temperature": pytest.approx(0.9),
+                       "temperature_log_length": 50}
+        tau, log_length = llama_extrapolate._core.get_temperature(llama_extrapolate.context_address(llm))
+        assert np.allclose(tau, 0.9) and log_length == 50
+    finally:
+        llm.close()

@@ -1,0 +1,99 @@
+"""AttentionConfig: defaults from the model, presets, and every bad value named."""
+
+import math
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def info(default_model):
+    from llama_extrapolate import read_model_info
+
+    return read_model_info(default_model)
+
+
+def test_defaults_come_from_the_model(info):
+    from llama_extrapolate import AttentionConfig
+
+    r = AttentionConfig.lambda_only().resolve(info)
+    assert (r.sinks, r.window, r.ceiling, r.log_length) == (10, 8192, 0, 0)
+    assert r.temperature.shape == (30, 9) and np.all(r.temperature == 1.0)
+    assert not r.temperature_on
+    assert r.kv_overrides("llama") == {
+        "llama.attention.lambda.sink_count": 10,
+        "llama.attention.lambda.window": 8192,
+        "llama.attention.lambda.ceiling": 0,
+        "llama.attention.softmax_temperature.log_length": 0,
+        "llama.attention.softmax_temperature": 1.0,
+    }
+    v = AttentionConfig.vanilla().resolve(info)
+    assert (v.sinks, v.window, v.ceiling) == (0, 0, 0)
+    ll = AttentionConfig.vanilla().with_temperature(1.0, "log-length").resolve(info)
+    assert ll.log_length == 8192 and ll.temperature_on
+
+
+def test_per_layer_temperature_expands_over_heads(info):
+    from llama_extrapolate import AttentionConfig
+
+    tau = np.linspace(0.5, 1.0, 30)
+    r = AttentionConfig.vanilla().with_temperature(tau).resolve(info)
+    assert r.temperature.shape == (30, 9)
+    np.testing.assert_allclose(r.temperature[:, 4], tau, rtol=1e-6)
+    assert "llama.attention.softmax_temperature" not in r.kv_overrides("llama")
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(sinks=-1), ValueError, "sinks=-1"),
+    (dict(sinks=2.5), TypeError, "sinks=2.5"),
+    (dict(sinks=True), TypeError, "sinks=True"),
+    (dict(window=-8), ValueError, "window=-8"),
+    (dict(window=2**31), ValueError, "window=2147483648"),
+    (dict(ceiling="8k"), TypeError, "ceiling='8k'"),
+    (dict(sinks=4, window=0), ValueError, "sinks=4 with window=0"),
+    (dict(temperature=0.0), ValueError, "temperature has invalid value 0.0"),
+    (dict(temperature=-1.0), ValueError, "temperature has invalid value -1.0"),
+    (dict(temperature=math.nan), ValueError, "temperature has invalid value nan"),
+    (dict(temperature=[1.0, math.inf]), ValueError, "temperature has invalid value inf"),
+    (dict(temperature="hot"), TypeError, "temperature='hot'"),
+    (dict(temperature_schedule="linear"), ValueError, "temperature_schedule='linear'"),
+    (dict(log_length=4096), ValueError, "log_length=4096 needs temperature_schedule"),
+    (dict(temperature_schedule="log-length", log_length=1), ValueError, "log_length=1"),
+])
+def test_bad_values_are_named(kwargs, exc, words):
+    from llama_extrapolate import AttentionConfig
+
+    with pytest.raises(exc) as err:
+        AttentionConfig(**kwargs)
+    assert words in str(err.value)
+
+
+def test_shape_and_model_limits_are_named(info):
+    from llama_extrapolate import AttentionConfig
+
+    with pytest.raises(ValueError, match="temperature has 3 values; a per-layer temperature needs n_layer=30"):
+        AttentionConfig.vanilla().with_temperature([1.0, 1.0, 1.0]).resolve(info)
+    with pytest.raises(ValueError, match=r"shape \(30, 3\); a per-head temperature needs \(n_layer, n_head\)=\(30, 9\)"):
+        AttentionConfig.vanilla().with_temperature(np.ones((30, 3))).resolve(info)
+    with pytest.raises(NotImplementedError, match="ceiling=8192: the distance ceiling for RoPE models"):
+        AttentionConfig().resolve(info)
+    cfg = AttentionConfig.lambda_only(window=1024)
+    with pytest.raises(ValueError, match="needs n_ctx >= sinks \\+ window \\+ n_ubatch = 1546, got n_ctx=1024"):
+        cfg.check_context(cfg.resolve(info), n_ctx=1024, n_ubatch=512)
+
+
+def test_llama_rejects_bad_arguments(default_model, tmp_path):
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    with pytest.raises(TypeError, match="must be an AttentionConfig"):
+        llama_extrapolate.Llama(str(default_model), attention={"window": 4})
+    with pytest.raises(ValueError, match="needs n_ctx >= sinks"):
+        llama_extrapolate.Llama(str(default_model), attention=AttentionConfig.lambda_only(), n_ctx=2048,
+                                verbose=False)
+    with pytest.raises(ValueError, match="kv_overrides sets llama.attention.lambda.window=5"):
+        llama_extrapolate.Llama(str(default_model), attention=AttentionConfig.lambda_only(window=64),
+                                kv_overrides={"llama.attention.lambda.window": 5}, n_ctx=512, n_ubatch=64,
+                                verbose=False)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        llama_extrapolate.Llama(str(tmp_path / "missing.gguf"), attention=AttentionConfig.vanilla())
