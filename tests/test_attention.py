@@ -49,6 +49,11 @@ CASES = {
     "temperature": (dict(sinks=0, window=0, ceiling=0, temperature=0.8), RefAttention(tau=0.8)),
     "lambda+log-length": (dict(sinks=4, window=32, ceiling=0, temperature_schedule="log-length", log_length=32),
                           RefAttention(sinks=4, window=32, log_length=32)),
+    "lambda+ceiling": (dict(sinks=4, window=32, ceiling=32), RefAttention(sinks=4, window=32, ceiling=32)),
+    "lambda+short-ceiling": (dict(sinks=4, window=32, ceiling=16), RefAttention(sinks=4, window=32, ceiling=16)),
+    "ceiling-only": (dict(sinks=0, window=0, ceiling=16), RefAttention(ceiling=16)),
+    "lambda+ceiling+temperature": (dict(sinks=4, window=32, ceiling=32, temperature=0.9),
+                                   RefAttention(sinks=4, window=32, ceiling=32, tau=0.9)),
 }
 
 
@@ -133,3 +138,55 @@ def test_metadata_keys_reach_llama_cpp_through_kv_overrides(tiny):
         assert np.allclose(tau, 0.9) and log_length == 50
     finally:
         llm.close()
+
+
+def test_each_knob_moves_the_reference_beyond_tolerance(tiny):
+    """The cases above are not passing by accident: each knob changes the logits by far more than TOL."""
+    model, _, tokens = tiny
+    pairs = [
+        (RefAttention(sinks=4, window=32), RefAttention(window=32)),  # sinks
+        (RefAttention(sinks=4, window=32), RefAttention(sinks=4, window=32, ceiling=32)),  # ceiling on sinks
+        (RefAttention(sinks=4, window=32, ceiling=32), RefAttention(sinks=4, window=32, ceiling=16)),
+        (RefAttention(), RefAttention(log_length=32)),
+    ]
+    for a, b in pairs:
+        moved = np.abs(forward(model, tokens, a) - forward(model, tokens, b)).max()
+        assert moved > 100 * TOL, (a, b, moved)
+
+
+def test_ceiling_with_default_f16_cache(tiny):
+    from llama_extrapolate import AttentionConfig
+    import llama_extrapolate
+
+    model, path, tokens = tiny
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=32), n_ctx=512,
+                                  n_batch=64, n_ubatch=64, n_threads=2, logits_all=True, verbose=False)
+    try:
+        err = np.abs(run(llm, tokens) - forward(model, tokens, RefAttention(sinks=4, window=32, ceiling=32))).max()
+        assert err < 0.1, err  # K, V and q.k in half precision, as in test_oracle's f16 tolerance
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(flash_attn=True), "flash_attn=True with ceiling=32"),
+    (dict(type_k=8), "type_k=8 with ceiling=32"),
+])
+def test_ceiling_refuses_inexact_settings(tiny, kwargs, words):
+    from llama_extrapolate import AttentionConfig
+    import llama_extrapolate
+
+    _, path, _ = tiny
+    with pytest.raises(ValueError, match=words):
+        llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=32), n_ctx=512,
+                                n_batch=64, n_ubatch=64, verbose=False, **kwargs)
+
+
+def test_library_refuses_flash_attention_with_ceiling_without_crashing(tiny):
+    """Through plain llama_cpp (no Python checks) the library itself refuses: an exception, not a crash."""
+    import llama_cpp
+
+    _, path, _ = tiny
+    with pytest.raises(ValueError, match="Failed to create llama_context"):
+        llama_cpp.Llama(str(path), n_ctx=256, flash_attn=True, verbose=False,
+                        kv_overrides={"llama.attention.lambda.ceiling": 32})

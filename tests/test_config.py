@@ -75,8 +75,9 @@ def test_shape_and_model_limits_are_named(info):
         AttentionConfig.vanilla().with_temperature([1.0, 1.0, 1.0]).resolve(info)
     with pytest.raises(ValueError, match=r"shape \(30, 3\); a per-head temperature needs \(n_layer, n_head\)=\(30, 9\)"):
         AttentionConfig.vanilla().with_temperature(np.ones((30, 3))).resolve(info)
-    with pytest.raises(NotImplementedError, match="ceiling=8192: the distance ceiling for RoPE models"):
-        AttentionConfig().resolve(info)
+    r = AttentionConfig().resolve(info)
+    assert (r.sinks, r.window, r.ceiling) == (10, 8192, 8192)
+    assert AttentionConfig.ceiling_only().resolve(info).ceiling == 8192
     cfg = AttentionConfig.lambda_only(window=1024)
     with pytest.raises(ValueError, match="needs n_ctx >= sinks \\+ window \\+ n_ubatch = 1546, got n_ctx=1024"):
         cfg.check_context(cfg.resolve(info), n_ctx=1024, n_ubatch=512)

@@ -162,11 +162,6 @@ class AttentionConfig:
             raise ValueError(
                 f"ceiling={ceiling}: {info.architecture} has no position encoding (no RoPE, no ALiBi); use ceiling=0"
             )
-        if ceiling > 0 and info.position_encoding == "rope":
-            raise NotImplementedError(
-                f"ceiling={ceiling}: the distance ceiling for RoPE models ({info.architecture}) is not implemented "
-                "in this version; use ceiling=0 (e.g. AttentionConfig.lambda_only())"
-            )
         sinks = int(self.sinks) if window > 0 else 0
 
         tau = np.asarray(self.temperature, dtype=np.float32)

@@ -42,7 +42,17 @@ class Llama(llama_cpp.Llama):
         n_ubatch = min(int(kwargs.get("n_ubatch", 512)), n_batch)
         self.attention.check_context(self.attention_resolved, n_ctx, n_ubatch)
 
-        overrides = self.attention_resolved.kv_overrides(self.model_info.architecture)
+        r = self.attention_resolved
+        if r.ceiling > 0 and self.model_info.position_encoding == "rope":
+            # the RoPE ceiling rotates q and the cached keys once more: only where that is exact
+            if kwargs.get("flash_attn"):
+                raise ValueError(f"flash_attn=True with ceiling={r.ceiling}: the RoPE distance ceiling needs the "
+                                 "non-flash attention path; use flash_attn=False")
+            type_k = kwargs.get("type_k")
+            if type_k is not None and int(type_k) not in (0, 1):
+                raise ValueError(f"type_k={type_k} with ceiling={r.ceiling}: the RoPE distance ceiling needs an f16 "
+                                 "(1) or f32 (0) K cache")
+        overrides = r.kv_overrides(self.model_info.architecture)
         user = dict(kwargs.pop("kv_overrides", None) or {})
         clash = sorted(k for k in overrides if k in user and user[k] != overrides[k])
         if clash:
