@@ -190,3 +190,66 @@ def test_library_refuses_flash_attention_with_ceiling_without_crashing(tiny):
     with pytest.raises(ValueError, match="Failed to create llama_context"):
         llama_cpp.Llama(str(path), n_ctx=256, flash_attn=True, verbose=False,
                         kv_overrides={"llama.attention.lambda.ceiling": 32})
+
+
+def decode_logits(llm, tokens, n_batch):
+    """Logits of every token of a stream decoded n_batch at a time, for streams longer than the cache."""
+    import llama_cpp
+
+    n_vocab = llm.n_vocab()
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+    batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+    out = np.empty((len(tokens), n_vocab))
+    try:
+        for start in range(0, len(tokens), n_batch):
+            chunk = tokens[start:start + n_batch]
+            batch.n_tokens = len(chunk)
+            for i, t in enumerate(chunk):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, start + i, 1
+                batch.seq_id[i][0], batch.logits[i] = 0, True
+            assert llama_cpp.llama_decode(llm.ctx, batch) == 0, f"decode failed at {start}"
+            out[start:start + len(chunk)] = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx),
+                                                                   shape=(len(chunk), n_vocab))
+    finally:
+        llama_cpp.llama_batch_free(batch)
+    return out
+
+
+@pytest.mark.parametrize("ubatch", [1, 16])
+@pytest.mark.parametrize("ceiling", [0, 32])
+def test_bounded_cache_streams_past_its_size(tiny, ubatch, ceiling):
+    """900 tokens through a 256-cell cache: freed cells are reused, sinks are kept, results stay exact."""
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    model, path, _ = tiny
+    tokens = np.random.default_rng(4).integers(3, model.n_vocab, size=900).tolist()
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=ceiling),
+                                  n_ctx=64, n_batch=ubatch, n_ubatch=ubatch, n_threads=2, verbose=False,
+                                  type_k=0, type_v=0)
+    try:
+        assert llm.n_ctx() == 256  # llama.cpp pads the cache to 256 cells
+        got = decode_logits(llm, tokens, ubatch)
+        mem = llama_cpp.llama_get_memory(llm.ctx)
+        assert llama_cpp.llama_memory_seq_pos_min(mem, 0) == 0  # the sinks survived
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 899
+    finally:
+        llm.close()
+    check(got, forward(model, tokens, RefAttention(sinks=4, window=32, ceiling=ceiling)),
+          f"bounded cache, ubatch {ubatch}, ceiling {ceiling}")
+
+
+def test_without_window_the_cache_still_fills(tiny):
+    """Vanilla attention keeps every key: the same stream fails cleanly when the cache is full."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    model, path, _ = tiny
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig.vanilla(), n_ctx=64, n_batch=16,
+                                  n_ubatch=16, verbose=False)
+    try:
+        with pytest.raises(AssertionError, match="decode failed at 256"):
+            decode_logits(llm, list(range(3, 63)) * 6, 16)
+    finally:
+        llm.close()
