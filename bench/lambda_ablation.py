@@ -106,12 +106,14 @@ def main() -> None:
         if all(old.get(k) == header[k] for k in ("model", "tokens", "bucket")):
             results["configs"] = old.get("configs", {})
 
-    n_ctx = args.tokens + 512
     text_tokens = None
     for name in names:
         if name in results["configs"]:
             print(f"{name}: already in {args.out}, skipped", file=sys.stderr)
             continue
+        resolved = CONFIGS[name].resolve(info)
+        # a Lambda window bounds the cache (S + W + n_ubatch cells); without one it must hold the stream
+        n_ctx = resolved.sinks + resolved.window + 512 if resolved.window > 0 else args.tokens + 512
         llm = llama_extrapolate.Llama(str(model), attention=CONFIGS[name], n_ctx=n_ctx, n_batch=512,
                                       n_ubatch=512, n_threads=args.threads, n_threads_batch=args.threads,
                                       verbose=False)
@@ -127,6 +129,7 @@ def main() -> None:
         r_attn = llm.attention_resolved
         results["configs"][name] = {
             "attention": {"sinks": r_attn.sinks, "window": r_attn.window, "ceiling": r_attn.ceiling},
+            "n_ctx": n_ctx,
             "seconds": r.seconds, "tokens_per_second": len(text_tokens) / r.seconds,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "summary": summarize(None, r.nll), "buckets": buckets,

@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from tinymodel import TinyLlama
+from tinymodel import TinyLlama, TinyMPT
 
 
 @dataclass
@@ -123,4 +123,36 @@ def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention]
         u = h @ w[f"blk.{il}.ffn_up.weight"].T
         x = x + ((g / (1 + np.exp(-g))) * u) @ w[f"blk.{il}.ffn_down.weight"].T
     x = rms_norm(x, w["output_norm.weight"], model.rms_eps)
+    return x @ w["output.weight"].T
+
+
+def layer_norm(x, w, b, eps):
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def gelu(x):
+    # the tanh form, as ggml computes GELU
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def forward_mpt(model: TinyMPT, tokens: Sequence[int], cfg: Optional[RefAttention] = None) -> np.ndarray:
+    """Logits (T, n_vocab) of a tiny MPT-like (ALiBi) model."""
+    cfg = cfg or RefAttention()
+    w = {name: t.astype(np.float64) for name, t in model.weights.items()}
+    tokens = np.asarray(tokens)
+    T, H, D, d = len(tokens), model.n_head, model.head_dim, model.n_embd
+    positions = np.arange(T)
+    slopes = model.alibi_slopes()
+    x = w["token_embd.weight"][tokens]
+    for il in range(model.n_layer):
+        h = layer_norm(x, w[f"blk.{il}.attn_norm.weight"], w[f"blk.{il}.attn_norm.bias"], model.norm_eps)
+        qkv = h @ w[f"blk.{il}.attn_qkv.weight"].T
+        q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(T, H, D) for i in range(3))
+        a = attention(q, k, v, positions, cfg, il, rope_base=0.0, alibi_slopes=slopes)
+        x = x + a.reshape(T, d) @ w[f"blk.{il}.attn_output.weight"].T
+        h = layer_norm(x, w[f"blk.{il}.ffn_norm.weight"], w[f"blk.{il}.ffn_norm.bias"], model.norm_eps)
+        x = x + gelu(h @ w[f"blk.{il}.ffn_up.weight"].T) @ w[f"blk.{il}.ffn_down.weight"].T
+    x = layer_norm(x, w["output_norm.weight"], w["output_norm.bias"], model.norm_eps)
     return x @ w["output.weight"].T

@@ -91,3 +91,91 @@ class TinyLlama:
         writer.write_tensors_to_file()
         writer.close()
         return path
+
+
+@dataclass
+class TinyMPT:
+    """An MPT-like model: ALiBi (no RoPE), fused QKV, LayerNorm, GELU MLP."""
+
+    n_vocab: int = 64
+    n_embd: int = 64
+    n_head: int = 4
+    n_layer: int = 2
+    n_ff: int = 128
+    n_ctx_train: int = 64
+    max_alibi_bias: float = 8.0
+    norm_eps: float = 1e-5
+    seed: int = 0
+    weights: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def alibi_slopes(self) -> np.ndarray:
+        """Per-head slopes as ALiBi defines them for any head count (powers of 2^(-max_bias/n))."""
+        n2 = 2 ** int(np.floor(np.log2(self.n_head)))
+        m0 = 2.0 ** (-self.max_bias / n2)
+        m1 = 2.0 ** (-(self.max_bias / 2.0) / n2)
+        return np.array([m0 ** (h + 1) if h < n2 else m1 ** (2 * (h - n2) + 1) for h in range(self.n_head)])
+
+    @property
+    def max_bias(self) -> float:
+        return self.max_alibi_bias
+
+    def make_weights(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        d = self.n_embd
+
+        def mat(rows, cols, scale=1.0):
+            return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+
+        def vec(n, center=0.0, spread=0.1):
+            return (center + spread * rng.standard_normal(n)).astype(np.float32)
+
+        w = {"token_embd.weight": rng.standard_normal((self.n_vocab, d)).astype(np.float32),
+             "output_norm.weight": vec(d, 1.0), "output_norm.bias": vec(d),
+             "output.weight": mat(self.n_vocab, d)}
+        for i in range(self.n_layer):
+            w[f"blk.{i}.attn_norm.weight"] = vec(d, 1.0)
+            w[f"blk.{i}.attn_norm.bias"] = vec(d)
+            qkv = np.concatenate([mat(d, d, 3.0), mat(d, d, 3.0), mat(d, d)])
+            w[f"blk.{i}.attn_qkv.weight"] = qkv
+            w[f"blk.{i}.attn_output.weight"] = mat(d, d)
+            w[f"blk.{i}.ffn_norm.weight"] = vec(d, 1.0)
+            w[f"blk.{i}.ffn_norm.bias"] = vec(d)
+            w[f"blk.{i}.ffn_up.weight"] = mat(self.n_ff, d)
+            w[f"blk.{i}.ffn_down.weight"] = mat(d, self.n_ff)
+        self.weights = w
+
+    def write(self, path: Path) -> Path:
+        import gguf
+
+        if not self.weights:
+            self.make_weights()
+        writer = gguf.GGUFWriter(str(path), "mpt")
+        writer.add_name("tiny-mpt-test")
+        writer.add_context_length(self.n_ctx_train)
+        writer.add_embedding_length(self.n_embd)
+        writer.add_block_count(self.n_layer)
+        writer.add_feed_forward_length(self.n_ff)
+        writer.add_head_count(self.n_head)
+        writer.add_head_count_kv(self.n_head)
+        writer.add_layer_norm_eps(self.norm_eps)
+        writer.add_max_alibi_bias(self.max_alibi_bias)
+        writer.add_file_type(0)
+        writer.add_tokenizer_model("llama")
+        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(self.n_vocab - 3)]
+        writer.add_token_list(tokens)
+        writer.add_token_scores([0.0] * self.n_vocab)
+        writer.add_token_types([2, 3, 3] + [6] * (self.n_vocab - 3))
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
+        for name, tensor in self.weights.items():
+            writer.add_tensor(name, tensor)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
