@@ -118,6 +118,7 @@ py::dict model_attention(std::uintptr_t model_address) {
     d["n_sink"]                 = p.n_sink;
     d["n_window"]               = p.n_window;
     d["n_ceiling"]              = p.n_ceiling;
+    d["n_rollback"]             = p.n_rollback;
     d["temperature"]            = p.temperature;
     d["temperature_log_length"] = p.temperature_log_length;
     return d;

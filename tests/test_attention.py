@@ -132,7 +132,7 @@ def test_metadata_keys_reach_llama_cpp_through_kv_overrides(tiny):
     })
     try:
         got = llama_extrapolate._core.model_attention(llama_extrapolate.handles.model_address(llm))
-        assert got == {"n_sink": 3, "n_window": 40, "n_ceiling": 0, "temperature": pytest.approx(0.9),
+        assert got == {"n_sink": 3, "n_window": 40, "n_ceiling": 0, "n_rollback": 0, "temperature": pytest.approx(0.9),
                        "temperature_log_length": 50}
         tau, log_length = llama_extrapolate._core.get_temperature(llama_extrapolate.context_address(llm))
         assert np.allclose(tau, 0.9) and log_length == 50
@@ -225,7 +225,8 @@ def test_bounded_cache_streams_past_its_size(tiny, ubatch, ceiling):
 
     model, path, _ = tiny
     tokens = np.random.default_rng(4).integers(3, model.n_vocab, size=900).tolist()
-    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=ceiling),
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=ceiling,
+                                                                       rollback=0),
                                   n_ctx=64, n_batch=ubatch, n_ubatch=ubatch, n_threads=2, verbose=False,
                                   type_k=0, type_v=0)
     try:

@@ -24,6 +24,7 @@ def test_defaults_come_from_the_model(info):
         "llama.attention.lambda.sink_count": 10,
         "llama.attention.lambda.window": 8192,
         "llama.attention.lambda.ceiling": 0,
+        "llama.attention.lambda.rollback": 256,
         "llama.attention.softmax_temperature.log_length": 0,
         "llama.attention.softmax_temperature": 1.0,
     }
@@ -50,6 +51,8 @@ def test_per_layer_temperature_expands_over_heads(info):
     (dict(window=-8), ValueError, "window=-8"),
     (dict(window=2**31), ValueError, "window=2147483648"),
     (dict(ceiling="8k"), TypeError, "ceiling='8k'"),
+    (dict(rollback=-1), ValueError, "rollback=-1"),
+    (dict(rollback=None), TypeError, "rollback=None"),
     (dict(sinks=4, window=0), ValueError, "sinks=4 with window=0"),
     (dict(temperature=0.0), ValueError, "temperature has invalid value 0.0"),
     (dict(temperature=-1.0), ValueError, "temperature has invalid value -1.0"),
@@ -79,7 +82,7 @@ def test_shape_and_model_limits_are_named(info):
     assert (r.sinks, r.window, r.ceiling) == (10, 8192, 8192)
     assert AttentionConfig.ceiling_only().resolve(info).ceiling == 8192
     cfg = AttentionConfig.lambda_only(window=1024)
-    with pytest.raises(ValueError, match="needs n_ctx >= sinks \\+ window \\+ n_ubatch = 1546, got n_ctx=1024"):
+    with pytest.raises(ValueError, match="needs n_ctx >= sinks \\+ window \\+ rollback \\+ n_ubatch = 1802, got n_ctx=1024"):
         cfg.check_context(cfg.resolve(info), n_ctx=1024, n_ubatch=512)
 
 

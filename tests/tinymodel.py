@@ -16,7 +16,7 @@ import numpy as np
 
 @dataclass
 class TinyLlama:
-    n_vocab: int = 64
+    n_vocab: int = 259  # 3 specials + all 256 byte tokens (the SPM tokenizer needs every byte)
     n_embd: int = 64
     n_head: int = 4
     n_head_kv: int = 2
@@ -97,7 +97,7 @@ class TinyLlama:
 class TinyMPT:
     """An MPT-like model: ALiBi (no RoPE), fused QKV, LayerNorm, GELU MLP."""
 
-    n_vocab: int = 64
+    n_vocab: int = 259  # 3 specials + all 256 byte tokens (the SPM tokenizer needs every byte)
     n_embd: int = 64
     n_head: int = 4
     n_layer: int = 2

@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .modelinfo import ModelInfo
 
 DEFAULT_SINKS = 10
+# a chat turn's re-tokenized tail differs from the generated tokens by a few tokens; 256 covers it
+DEFAULT_ROLLBACK = 256
 
 Temperature = Union[float, Sequence[float], Sequence[Sequence[float]], np.ndarray]
 
@@ -48,6 +50,7 @@ class ResolvedAttention:
     sinks: int
     window: int  # 0 = every past key visible
     ceiling: int  # 0 = no ceiling
+    rollback: int  # keys stay this many tokens past the window (prompt-prefix reuse)
     temperature: np.ndarray  # float32 [n_layer, n_head]
     log_length: int  # 0 = no schedule
 
@@ -66,6 +69,7 @@ class ResolvedAttention:
             f"{a}.lambda.sink_count": int(self.sinks),
             f"{a}.lambda.window": int(self.window),
             f"{a}.lambda.ceiling": int(self.ceiling),
+            f"{a}.lambda.rollback": int(self.rollback),
             f"{a}.softmax_temperature.log_length": int(self.log_length),
         }
         uniform = self.temperature.flat[0]
@@ -83,6 +87,11 @@ class AttentionConfig:
     "the model's default", 0 switches a part off; the presets below give the
     ablations of LM-Infinite's Figure 5.
 
+    ``rollback``: with a window, keys stay cached this many tokens after
+    leaving it, so llama-cpp-python can reuse a prompt prefix that ends up to
+    ``rollback`` tokens before the end of the previous stream; a longer step
+    back re-reads the prompt (a window key it needs may be gone).
+
     ``temperature`` is one number, one per layer, or an (n_layer, n_head)
     array; ``temperature_schedule="log-length"`` multiplies it by
     log L / log max(p + 1, L) with L = ``log_length`` (default L_pre).
@@ -91,6 +100,7 @@ class AttentionConfig:
     sinks: int = DEFAULT_SINKS
     window: Optional[int] = None
     ceiling: Optional[int] = None
+    rollback: int = DEFAULT_ROLLBACK
     temperature: Temperature = 1.0
     temperature_schedule: Optional[str] = None
     log_length: Optional[int] = None
@@ -99,6 +109,7 @@ class AttentionConfig:
         _check_count("sinks", self.sinks, allow_none=False)
         _check_count("window", self.window)
         _check_count("ceiling", self.ceiling)
+        _check_count("rollback", self.rollback, allow_none=False)
         _check_count("log_length", self.log_length)
         if self.sinks > 0 and self.window == 0:
             raise ValueError(
@@ -163,6 +174,7 @@ class AttentionConfig:
                 f"ceiling={ceiling}: {info.architecture} has no position encoding (no RoPE, no ALiBi); use ceiling=0"
             )
         sinks = int(self.sinks) if window > 0 else 0
+        rollback = int(self.rollback) if window > 0 else 0
 
         tau = np.asarray(self.temperature, dtype=np.float32)
         if tau.ndim == 0:
@@ -180,7 +192,7 @@ class AttentionConfig:
         log_length = 0
         if self.temperature_schedule == "log-length":
             log_length = l_pre if self.log_length is None else int(self.log_length)
-        resolved = ResolvedAttention(sinks=sinks, window=window, ceiling=ceiling,
+        resolved = ResolvedAttention(sinks=sinks, window=window, ceiling=ceiling, rollback=rollback,
                                      temperature=np.ascontiguousarray(tau, dtype=np.float32),
                                      log_length=log_length)
         if resolved.temperature_on and info.position_encoding == "alibi":
@@ -191,10 +203,18 @@ class AttentionConfig:
         return resolved
 
     def check_context(self, resolved: ResolvedAttention, n_ctx: int, n_ubatch: int) -> None:
-        """The cache must hold the sinks, the window and one ubatch."""
-        need = resolved.sinks + resolved.window + n_ubatch
+        """The cache must hold the sinks, the window, the rollback margin and one ubatch."""
+        need = resolved.sinks + resolved.window + resolved.rollback + n_ubatch
         if resolved.window > 0 and n_ctx < need:
             raise ValueError(
-                f"window={resolved.window} with sinks={resolved.sinks} needs n_ctx >= sinks + window + n_ubatch "
-                f"= {need}, got n_ctx={n_ctx}: raise n_ctx or lower the window"
+                f"window={resolved.window} with sinks={resolved.sinks} and rollback={resolved.rollback} needs "
+                f"n_ctx >= sinks + window + rollback + n_ubatch = {need}, got n_ctx={n_ctx}: raise n_ctx or "
+                "lower the window"
             )
+
+    @staticmethod
+    def required_n_ctx(resolved: ResolvedAttention, n_ubatch: int, stream: int) -> int:
+        """Smallest n_ctx for a stream of `stream` tokens: bounded with a window, the whole stream without."""
+        if resolved.window > 0:
+            return resolved.sinks + resolved.window + resolved.rollback + n_ubatch
+        return stream

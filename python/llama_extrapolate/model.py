@@ -16,7 +16,12 @@ import numpy as np
 from . import _core
 from .config import AttentionConfig, ResolvedAttention, Temperature
 from .handles import context_address, model_address
+from .history import TokenHistory
 from .modelinfo import read_model_info
+
+
+# what llama-cpp-python's checks see as the context length when the stream is unbounded
+UNBOUNDED_CONTEXT = 2**31 - 1
 
 
 class Llama(llama_cpp.Llama):
@@ -66,11 +71,21 @@ class Llama(llama_cpp.Llama):
 
         loaded = _core.model_attention(model_address(self))
         expected = self.attention_resolved
-        if (loaded["n_sink"], loaded["n_window"], loaded["n_ceiling"], loaded["temperature_log_length"]) != (
-                expected.sinks, expected.window, expected.ceiling, expected.log_length):
+        if (loaded["n_sink"], loaded["n_window"], loaded["n_ceiling"], loaded["n_rollback"],
+                loaded["temperature_log_length"]) != (expected.sinks, expected.window, expected.ceiling,
+                                                      expected.rollback, expected.log_length):
             raise RuntimeError(f"the library was loaded with {loaded}, not with {expected}: the overrides did not apply")
         # per-layer / per-head values (metadata carries only one number) go through the C API
         self._apply_temperature(expected.temperature, expected.log_length)
+
+        # with a window the cache is bounded, so a stream may be as long as the caller likes: the token
+        # history keeps the recent ids only, and llama-cpp-python's context-window checks
+        # (create_completion's "Requested tokens exceed context window") see no limit
+        self._unbounded_stream = expected.window > 0
+        if self._unbounded_stream:
+            self.input_ids = TokenHistory()
+            self._n_ctx = UNBOUNDED_CONTEXT
+            self._guard_rollbacks()
 
     def _apply_temperature(self, tau: np.ndarray, log_length: int) -> None:
         _core.set_temperature(context_address(self), np.ascontiguousarray(tau, dtype=np.float32).ravel(),
@@ -95,3 +110,54 @@ class Llama(llama_cpp.Llama):
         # a constructor that raised before llama_cpp.Llama.__init__ left nothing to close
         if hasattr(self, "_stack"):
             super().close()
+
+    # --- unbounded streams (Lambda window) ------------------------------------------------------
+    def _guard_rollbacks(self) -> None:
+        """Refuse a rollback further back than the cache keeps the window (the caller then re-reads).
+
+        llama-cpp-python reuses a cached prompt prefix by removing the cache suffix from the first
+        differing position; with a bounded cache the window keys before that position may already be
+        freed, which would silently drop them from attention. Past ``rollback`` tokens the removal
+        reports failure, and llama-cpp-python re-evaluates the prompt.
+        """
+        remove = self._ctx.kv_cache_seq_rm
+        margin = self.attention_resolved.rollback
+
+        def kv_cache_seq_rm(seq_id: int, p0: int, p1: int) -> bool:
+            mem = llama_cpp.llama_get_memory(self.ctx)
+            pos_max = llama_cpp.llama_memory_seq_pos_max(mem, max(seq_id, 0))
+            if p1 < 0 and 0 < p0 <= pos_max and p0 < pos_max + 1 - margin:
+                return False
+            return remove(seq_id, p0, p1)
+
+        self._ctx.kv_cache_seq_rm = kv_cache_seq_rm
+
+    def eval(self, tokens) -> None:
+        """Decode tokens; with a window, the stream may grow past n_ctx (the cache stays bounded)."""
+        if not self._unbounded_stream:
+            return super().eval(tokens)
+        tokens = list(tokens)
+        if self._logits_all and self.n_tokens + len(tokens) > self.scores.shape[0]:
+            raise ValueError(
+                f"logits_all=True keeps every token's logits, and {self.n_tokens + len(tokens)} tokens exceed "
+                f"n_ctx={self.scores.shape[0]}: use logits_all=False for long streams, or "
+                "llama_extrapolate.evaluate.streaming_nll to score them"
+            )
+        if not self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1):
+            raise RuntimeError(f"could not roll the cache back to token {self.n_tokens}")
+        for i in range(0, len(tokens), self.n_batch):
+            batch = tokens[i:i + self.n_batch]
+            n_past, n = self.n_tokens, len(batch)
+            self._batch.set_batch(batch=batch, n_past=n_past, logits_all=self._logits_all)
+            self._ctx.decode(self._batch)
+            self.input_ids[n_past:n_past + n] = batch
+            if self._logits_all:
+                logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,))
+                self.scores[n_past:n_past + n, :].reshape(-1)[::] = logits
+            self.n_tokens += n
+            self._requires_eval = False
+
+    def reset(self) -> None:
+        super().reset()
+        if isinstance(self.input_ids, TokenHistory):
+            self.input_ids.reset()
