@@ -166,6 +166,10 @@ PYBIND11_MODULE(_core, m) {
           "Lambda-attention and temperature parameters a model was loaded with");
     m.def("set_temperature", &set_temperature, py::arg("ctx_address"), py::arg("tau"), py::arg("log_length"),
           "softmax temperature: 1, n_layer or n_layer*n_head values (layer-major); log_length 0 = no schedule");
+    m.def("seq_pos_offset", [](std::uintptr_t ctx_address, llama_seq_id seq_id) {
+              return llama_ext_seq_pos_offset(context_from_address(ctx_address), seq_id);
+          }, py::arg("ctx_address"), py::arg("seq_id") = 0,
+          "caller position - memory position of a sequence (position re-basing)");
     m.def("get_temperature", &get_temperature, py::arg("ctx_address"),
           "(tau[n_layer, n_head], log_length) of a live context");
 }

@@ -192,7 +192,7 @@ def test_library_refuses_flash_attention_with_ceiling_without_crashing(tiny):
                         kv_overrides={"llama.attention.lambda.ceiling": 32})
 
 
-def decode_logits(llm, tokens, n_batch):
+def decode_logits(llm, tokens, n_batch, start_pos=0):
     """Logits of every token of a stream decoded n_batch at a time, for streams longer than the cache."""
     import llama_cpp
 
@@ -205,7 +205,7 @@ def decode_logits(llm, tokens, n_batch):
             chunk = tokens[start:start + n_batch]
             batch.n_tokens = len(chunk)
             for i, t in enumerate(chunk):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, start + i, 1
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, start_pos + start + i, 1
                 batch.seq_id[i][0], batch.logits[i] = 0, True
             assert llama_cpp.llama_decode(llm.ctx, batch) == 0, f"decode failed at {start}"
             out[start:start + len(chunk)] = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx),
@@ -254,3 +254,51 @@ def test_without_window_the_cache_still_fills(tiny):
             decode_logits(llm, list(range(3, 63)) * 6, 16)
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("cfg", [dict(sinks=4, window=32, ceiling=32), dict(sinks=0, window=0, ceiling=16)])
+def test_stream_starting_at_two_billion_equals_stream_starting_at_zero(tiny, cfg):
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(**cfg, rollback=0), n_ctx=512, n_batch=64,
+                                  n_ubatch=64, n_threads=2, verbose=False, type_k=0, type_v=0)
+    try:
+        at_zero = decode_logits(llm, tokens, 64)
+        at_2e9 = decode_logits(llm, tokens, 64, start_pos=2_000_000_000)
+        mem = llama_cpp.llama_get_memory(llm.ctx)
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 2_000_000_000 + len(tokens) - 1
+        assert llama_extrapolate._core.seq_pos_offset(llama_extrapolate.context_address(llm)) >= 2_000_000_000
+    finally:
+        llm.close()
+    assert np.abs(at_2e9 - at_zero).max() < 1e-4
+    check(at_zero, forward(model, tokens, RefAttention(**cfg)), "from position 0")
+
+
+def test_long_stream_is_rebased_and_stays_exact(tiny):
+    """2000 tokens, window 32: positions are shifted back many times, results (and tau(p)) stay exact."""
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    model, path, _ = tiny
+    tokens = np.random.default_rng(9).integers(3, model.n_vocab, size=2000).tolist()
+    cfg = AttentionConfig(sinks=4, window=32, ceiling=32, rollback=0, temperature_schedule="log-length",
+                          log_length=32)
+    llm = llama_extrapolate.Llama(str(path), attention=cfg, n_ctx=64, n_batch=16, n_ubatch=16, n_threads=2,
+                                  verbose=False, type_k=0, type_v=0)
+    try:
+        got = decode_logits(llm, tokens, 16)
+        offset = llama_extrapolate._core.seq_pos_offset(llama_extrapolate.context_address(llm))
+        mem = llama_cpp.llama_get_memory(llm.ctx)
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 1999  # caller positions are unchanged
+    finally:
+        llm.close()
+    # memory positions stay below S + 2*max(W, C) + n_ubatch = 4 + 64 + 16
+    assert 1999 - offset < 4 + 64 + 16 and offset > 1800
+    ref = forward(model, tokens, RefAttention(sinks=4, window=32, ceiling=32, log_length=32))
+    # K is re-rotated in place at each shift: allow a little more than pure rounding
+    err = np.abs(got - ref).max()
+    assert err < 5e-3, err
