@@ -116,7 +116,7 @@ def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention]
         q = (h @ w[f"blk.{il}.attn_q.weight"].T).reshape(T, H, D)
         k = (h @ w[f"blk.{il}.attn_k.weight"].T).reshape(T, Hkv, D)
         v = (h @ w[f"blk.{il}.attn_v.weight"].T).reshape(T, Hkv, D)
-        a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_base)
+        a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_base, neox=model.neox)
         x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
         h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], model.rms_eps)
         g = h @ w[f"blk.{il}.ffn_gate.weight"].T

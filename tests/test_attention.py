@@ -302,3 +302,47 @@ def test_long_stream_is_rebased_and_stays_exact(tiny):
     # K is re-rotated in place at each shift: allow a little more than pure rounding
     err = np.abs(got - ref).max()
     assert err < 5e-3, err
+
+
+@pytest.fixture(scope="module")
+def tiny_neox(tmp_path_factory):
+    model = TinyLlama(arch="qwen2")
+    model.make_weights()
+    path = model.write(tmp_path_factory.mktemp("tiny") / "tiny-qwen2.gguf")
+    tokens = np.random.default_rng(10).integers(3, model.n_vocab, size=N_TOKENS).tolist()
+    return model, path, tokens
+
+
+@pytest.mark.parametrize("case", ["lambda+ceiling", "lambda+short-ceiling", "ceiling-only", "temperature"])
+def test_neox_rope_knobs_match_reference(tiny_neox, case):
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny_neox
+    kwargs, ref_cfg = CASES[case]
+    llm = make_llm(path, AttentionConfig(**kwargs), ubatch=64)
+    try:
+        assert llm.model_info.rope_type == "neox"
+        check(run(llm, tokens), forward(model, tokens, ref_cfg), f"NEOX {case}")
+    finally:
+        llm.close()
+
+
+def test_neox_reference_differs_from_normal_rope(tiny, tiny_neox):
+    model, _, tokens = tiny
+    neox_model, _, _ = tiny_neox
+    assert np.abs(forward(model, tokens[:64]) - forward(neox_model, tokens[:64])).max() > 100 * TOL
+
+
+@pytest.mark.parametrize("case", ["lambda", "lambda+log-length", "temperature"])
+def test_flash_attention_is_exact_for_mask_and_temperature(tiny, case):
+    """The Lambda mask and the temperature also hold on the flash-attention path (f16 K/V there)."""
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny
+    kwargs, ref_cfg = CASES[case]
+    llm = make_llm(path, AttentionConfig(**kwargs), ubatch=64, flash_attn=True)
+    try:
+        err = np.abs(run(llm, tokens) - forward(model, tokens, ref_cfg)).max()
+        assert err < 0.1, f"flash attention, {case}: {err}"  # f16 K/V as in test_oracle's f16 tolerance
+    finally:
+        llm.close()

@@ -69,3 +69,29 @@ def test_alibi_temperature_is_refused_not_ignored(tiny_mpt):
         llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=32,
                                                                      temperature=0.9), n_ctx=512, n_ubatch=64,
                                 verbose=False)
+
+
+def test_alibi_flash_attention_beyond_f16_range_is_refused(tiny_mpt):
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    _, path, _ = tiny_mpt
+    with pytest.raises(ValueError, match="flash_attn=True on an ALiBi model needs a ceiling in 1..2048"):
+        llama_extrapolate.Llama(str(path), attention=AttentionConfig.lambda_only(sinks=4, window=32), n_ctx=512,
+                                n_ubatch=64, flash_attn=True, verbose=False)
+
+
+def test_alibi_flash_attention_with_small_ceiling_is_exact(tiny_mpt):
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny_mpt
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=32), n_ctx=512,
+                                  n_batch=64, n_ubatch=64, flash_attn=True, logits_all=True, verbose=False)
+    try:
+        llm.eval(tokens)
+        got = np.asarray(llm.scores[: len(tokens)], dtype=np.float64)
+    finally:
+        llm.close()
+    err = np.abs(got - forward_mpt(model, tokens, RefAttention(sinks=4, window=32, ceiling=32))).max()
+    assert err < 0.1, err

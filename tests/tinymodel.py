@@ -16,6 +16,9 @@ import numpy as np
 
 @dataclass
 class TinyLlama:
+    """llama-like; arch "qwen2" gives the same network with NEOX-style RoPE."""
+
+    arch: str = "llama"
     n_vocab: int = 259  # 3 specials + all 256 byte tokens (the SPM tokenizer needs every byte)
     n_embd: int = 64
     n_head: int = 4
@@ -31,6 +34,10 @@ class TinyLlama:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def neox(self) -> bool:
+        return self.arch == "qwen2"
 
     def make_weights(self) -> None:
         rng = np.random.default_rng(self.seed)
@@ -63,8 +70,8 @@ class TinyLlama:
 
         if not self.weights:
             self.make_weights()
-        writer = gguf.GGUFWriter(str(path), "llama")
-        writer.add_name("tiny-llama-test")
+        writer = gguf.GGUFWriter(str(path), self.arch)
+        writer.add_name(f"tiny-{self.arch}-test")
         writer.add_context_length(self.n_ctx_train)
         writer.add_embedding_length(self.n_embd)
         writer.add_block_count(self.n_layer)

@@ -54,7 +54,7 @@ def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optio
     n_vocab = llm.n_vocab()
     if tokens.min() < 0 or tokens.max() >= n_vocab:
         raise ValueError(f"token ids must be in [0, {n_vocab}), got {tokens.min()}..{tokens.max()}")
-    n_batch = int(n_batch or llm.n_batch)
+    n_batch = llm.n_batch if n_batch is None else int(n_batch)
     if n_batch <= 0 or n_batch > llm.n_batch:
         raise ValueError(f"n_batch={n_batch} must be in 1..{llm.n_batch} (the context's n_batch)")
 

@@ -57,6 +57,12 @@ class Llama(llama_cpp.Llama):
             if type_k is not None and int(type_k) not in (0, 1):
                 raise ValueError(f"type_k={type_k} with ceiling={r.ceiling}: the RoPE distance ceiling needs an f16 "
                                  "(1) or f32 (0) K cache")
+        knobs_on = r.window > 0 or r.ceiling > 0 or r.temperature_on
+        if knobs_on and self.model_info.position_encoding == "alibi" and kwargs.get("flash_attn") and not (
+                0 < r.ceiling <= 2048):
+            # flash attention takes the ALiBi distances from an f16 mask: integers are exact only to 2048
+            raise ValueError(f"flash_attn=True on an ALiBi model needs a ceiling in 1..2048 (got ceiling={r.ceiling}): "
+                             "distances above 2048 are not exact in the f16 mask; use flash_attn=False")
         overrides = r.kv_overrides(self.model_info.architecture)
         user = dict(kwargs.pop("kv_overrides", None) or {})
         clash = sorted(k for k in overrides if k in user and user[k] != overrides[k])
