@@ -72,7 +72,11 @@ def plot(results: dict, out: Path, l_pre: int) -> None:
     ax.axvline(l_pre, color="gray", linestyle=":", label=f"pretraining length {l_pre}")
     ax.set_xlabel("token position")
     ax.set_ylabel("NLL (mean per 1024-token bucket)")
-    ax.set_yscale("log")
+    ax.set_yscale("log")  # vanilla explodes past the pretraining length
+    from matplotlib.ticker import ScalarFormatter
+
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.set_title(f"{results['model']['name']}: streaming NLL, Paul Graham essays")
     ax.legend()
     fig.tight_layout()
@@ -86,7 +90,12 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "lambda_ablation.json")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON and stop")
     args = ap.parse_args()
+    if args.plot_only:
+        results = json.loads(args.out.read_text())
+        plot(results, args.out.with_suffix(".png"), results["model"]["context_length"])
+        return
     names = args.configs.split(",")
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
