@@ -58,17 +58,47 @@ def test_alibi_knobs_move_the_reference(tiny_mpt):
     for _, cfg in CASES.values():
         if cfg != RefAttention():
             assert np.abs(forward_mpt(model, tokens, cfg) - base).max() > 100 * TOL
+    # a temperature changes the result beyond what scaling q alone (bias left unscaled) would give
+    scaled = forward_mpt(model, tokens, RefAttention(tau=0.8))
+    assert np.abs(scaled - base).max() > 10 * TOL
 
 
-def test_alibi_temperature_is_refused_not_ignored(tiny_mpt):
+@pytest.mark.parametrize("ubatch", [1, 64])
+def test_alibi_temperature_scales_the_bias_too(tiny_mpt, ubatch):
+    """logits = (q.k * scale - m_h * min(d, C)) / tau: per head, per layer, log-length, changed at run time."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny_mpt
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=32,
+                                                                       temperature=0.8),
+                                  n_ctx=512, n_batch=ubatch, n_ubatch=ubatch, n_threads=2, logits_all=True,
+                                  verbose=False, type_k=0, type_v=0)
+    per_head = np.random.default_rng(12).uniform(0.6, 1.4, size=(model.n_layer, model.n_head)).astype(np.float32)
+    try:
+        for tau, schedule in ((0.8, None), (per_head, None), (per_head, "log-length")):
+            if not (isinstance(tau, float) and schedule is None):
+                llm.set_temperature(tau, schedule, 32 if schedule else None)
+            llm.reset()
+            llm.eval(tokens)
+            got = np.asarray(llm.scores[: len(tokens)], dtype=np.float64)
+            ref = forward_mpt(model, tokens, RefAttention(sinks=4, window=32, ceiling=32, tau=tau,
+                                                          log_length=32 if schedule else 0))
+            err = np.abs(got - ref).max()
+            assert err < TOL, f"tau {np.asarray(tau).shape}, {schedule}: {err}"
+    finally:
+        llm.close()
+
+
+def test_alibi_temperature_with_flash_attention_is_refused(tiny_mpt):
     import llama_extrapolate
     from llama_extrapolate import AttentionConfig
 
     _, path, _ = tiny_mpt
-    with pytest.raises(NotImplementedError, match="temperature on an ALiBi model"):
+    with pytest.raises(ValueError, match="flash_attn=True with a softmax temperature on an ALiBi model"):
         llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=32,
                                                                      temperature=0.9), n_ctx=512, n_ubatch=64,
-                                verbose=False)
+                                flash_attn=True, verbose=False)
 
 
 def test_alibi_flash_attention_beyond_f16_range_is_refused(tiny_mpt):

@@ -195,11 +195,6 @@ class AttentionConfig:
         resolved = ResolvedAttention(sinks=sinks, window=window, ceiling=ceiling, rollback=rollback,
                                      temperature=np.ascontiguousarray(tau, dtype=np.float32),
                                      log_length=log_length)
-        if resolved.temperature_on and info.position_encoding == "alibi":
-            raise NotImplementedError(
-                f"temperature on an ALiBi model ({info.architecture}) is not implemented in this version; "
-                "use temperature=1.0"
-            )
         return resolved
 
     def check_context(self, resolved: ResolvedAttention, n_ctx: int, n_ubatch: int) -> None:

@@ -57,6 +57,9 @@ class Llama(llama_cpp.Llama):
             if type_k is not None and int(type_k) not in (0, 1):
                 raise ValueError(f"type_k={type_k} with ceiling={r.ceiling}: the RoPE distance ceiling needs an f16 "
                                  "(1) or f32 (0) K cache")
+        if r.temperature_on and self.model_info.position_encoding == "alibi" and kwargs.get("flash_attn"):
+            raise ValueError("flash_attn=True with a softmax temperature on an ALiBi model: the temperature-scaled "
+                             "bias does not fit the f16 flash-attention mask; use flash_attn=False")
         knobs_on = r.window > 0 or r.ceiling > 0 or r.temperature_on
         if knobs_on and self.model_info.position_encoding == "alibi" and kwargs.get("flash_attn") and not (
                 0 < r.ceiling <= 2048):
