@@ -40,3 +40,29 @@ def small_llm(default_model):
     llm = Llama(model_path=str(default_model), n_ctx=512, n_batch=128, n_threads=2, verbose=False)
     yield llm
     llm.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """A tiny random llama-like GGUF model (RoPE, GQA 4/2) and its weights, for the oracle."""
+    from tinymodel import TinyLlama
+
+    model = TinyLlama()
+    model.make_weights()
+    return model, model.write(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_mpt_model(tmp_path_factory):
+    """A tiny random MPT-like GGUF model (ALiBi) and its weights."""
+    from tinymodel import TinyMPT
+
+    model = TinyMPT()
+    model.make_weights()
+    return model, model.write(tmp_path_factory.mktemp("tiny") / "tiny-mpt.gguf")
+
+
+def random_tokens(model, n, seed):
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(3, model.n_vocab, size=n).tolist()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from reference import RefAttention, forward
+from conftest import random_tokens
 from tinymodel import TinyLlama
 
 N_TOKENS = 300
@@ -17,12 +18,9 @@ TOL = 2e-3
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    model = TinyLlama()
-    model.make_weights()
-    path = model.write(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
-    tokens = np.random.default_rng(2).integers(3, model.n_vocab, size=N_TOKENS).tolist()
-    return model, path, tokens
+def tiny(tiny_llama):
+    model, path = tiny_llama
+    return model, path, random_tokens(model, N_TOKENS, seed=2)
 
 
 def make_llm(path, attention, ubatch=64, **kw):

@@ -9,18 +9,15 @@ import numpy as np
 import pytest
 
 from reference import RefAttention, forward_mpt
-from tinymodel import TinyMPT
+from conftest import random_tokens
 
 TOL = 1e-2
 
 
 @pytest.fixture(scope="module")
-def tiny_mpt(tmp_path_factory):
-    model = TinyMPT()
-    model.make_weights()
-    path = model.write(tmp_path_factory.mktemp("tiny") / "tiny-mpt.gguf")
-    tokens = np.random.default_rng(5).integers(3, model.n_vocab, size=300).tolist()
-    return model, path, tokens
+def tiny_mpt(tiny_mpt_model):
+    model, path = tiny_mpt_model
+    return model, path, random_tokens(model, 300, seed=5)
 
 
 CASES = {
@@ -58,7 +55,7 @@ def test_alibi_knobs_move_the_reference(tiny_mpt):
     for _, cfg in CASES.values():
         if cfg != RefAttention():
             assert np.abs(forward_mpt(model, tokens, cfg) - base).max() > 100 * TOL
-    # a temperature changes the result beyond what scaling q alone (bias left unscaled) would give
+    # and so does a temperature
     scaled = forward_mpt(model, tokens, RefAttention(tau=0.8))
     assert np.abs(scaled - base).max() > 10 * TOL
 

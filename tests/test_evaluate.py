@@ -3,14 +3,11 @@
 import numpy as np
 import pytest
 
-from tinymodel import TinyLlama
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    model = TinyLlama()
-    model.make_weights()
-    return model, model.write(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
+def tiny(tiny_llama):
+    return tiny_llama
 
 
 def test_streaming_nll_equals_nll_from_full_logits(tiny):

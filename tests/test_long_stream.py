@@ -4,14 +4,11 @@ import numpy as np
 import pytest
 
 from reference import RefAttention, forward
-from tinymodel import TinyLlama
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    model = TinyLlama()
-    model.make_weights()
-    return model, model.write(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
+def tiny(tiny_llama):
+    return tiny_llama
 
 
 def tiny_llm(path, **attention):

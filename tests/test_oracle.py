@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from reference import RefAttention, forward, rope_angles, rotate
-from tinymodel import TinyLlama
+from conftest import random_tokens
 
 N_TOKENS = 300
 # f32 KV cache: only float rounding; f16 KV cache (llama.cpp's default): K, V and q.k in half precision
@@ -19,12 +19,9 @@ GGML_TYPE = {"f32": 0, "f16": 1}
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    model = TinyLlama()
-    model.make_weights()
-    path = model.write(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
-    tokens = np.random.default_rng(1).integers(3, model.n_vocab, size=N_TOKENS).tolist()
-    return model, path, tokens
+def tiny(tiny_llama):
+    model, path = tiny_llama
+    return model, path, random_tokens(model, N_TOKENS, seed=1)
 
 
 def llama_cpp_logits(path, tokens, *, ubatch, cache):

@@ -14,6 +14,30 @@ from typing import Dict
 import numpy as np
 
 
+def _write(path: Path, arch: str, name: str, weights: Dict[str, np.ndarray], n_vocab: int, add_hparams) -> Path:
+    """A GGUF file of f32 tensors with a byte-level SentencePiece vocabulary (tests feed token ids directly)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(name)
+    add_hparams(writer)
+    writer.add_file_type(0)  # all f32
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(n_vocab - 3)])
+    writer.add_token_scores([0.0] * n_vocab)
+    writer.add_token_types([2, 3, 3] + [6] * (n_vocab - 3))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    for tensor_name, tensor in weights.items():
+        writer.add_tensor(tensor_name, tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 @dataclass
 class TinyLlama:
     """llama-like; arch "qwen2" gives the same network with NEOX-style RoPE."""
@@ -66,38 +90,21 @@ class TinyLlama:
         self.weights = w
 
     def write(self, path: Path) -> Path:
-        import gguf
-
         if not self.weights:
             self.make_weights()
-        writer = gguf.GGUFWriter(str(path), self.arch)
-        writer.add_name(f"tiny-{self.arch}-test")
-        writer.add_context_length(self.n_ctx_train)
-        writer.add_embedding_length(self.n_embd)
-        writer.add_block_count(self.n_layer)
-        writer.add_feed_forward_length(self.n_ff)
-        writer.add_head_count(self.n_head)
-        writer.add_head_count_kv(self.n_head_kv)
-        writer.add_rope_dimension_count(self.head_dim)
-        writer.add_rope_freq_base(self.rope_base)
-        writer.add_layer_norm_rms_eps(self.rms_eps)
-        writer.add_file_type(0)  # all f32
-        # a minimal SentencePiece-style vocabulary: the tests feed token ids directly
-        writer.add_tokenizer_model("llama")
-        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(self.n_vocab - 3)]
-        writer.add_token_list(tokens)
-        writer.add_token_scores([0.0] * self.n_vocab)
-        writer.add_token_types([2, 3, 3] + [6] * (self.n_vocab - 3))
-        writer.add_bos_token_id(1)
-        writer.add_eos_token_id(2)
-        writer.add_unk_token_id(0)
-        for name, tensor in self.weights.items():
-            writer.add_tensor(name, tensor)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        return path
+
+        def hparams(w):
+            w.add_context_length(self.n_ctx_train)
+            w.add_embedding_length(self.n_embd)
+            w.add_block_count(self.n_layer)
+            w.add_feed_forward_length(self.n_ff)
+            w.add_head_count(self.n_head)
+            w.add_head_count_kv(self.n_head_kv)
+            w.add_rope_dimension_count(self.head_dim)
+            w.add_rope_freq_base(self.rope_base)
+            w.add_layer_norm_rms_eps(self.rms_eps)
+
+        return _write(path, self.arch, f"tiny-{self.arch}-test", self.weights, self.n_vocab, hparams)
 
 
 @dataclass
@@ -156,33 +163,17 @@ class TinyMPT:
         self.weights = w
 
     def write(self, path: Path) -> Path:
-        import gguf
-
         if not self.weights:
             self.make_weights()
-        writer = gguf.GGUFWriter(str(path), "mpt")
-        writer.add_name("tiny-mpt-test")
-        writer.add_context_length(self.n_ctx_train)
-        writer.add_embedding_length(self.n_embd)
-        writer.add_block_count(self.n_layer)
-        writer.add_feed_forward_length(self.n_ff)
-        writer.add_head_count(self.n_head)
-        writer.add_head_count_kv(self.n_head)
-        writer.add_layer_norm_eps(self.norm_eps)
-        writer.add_max_alibi_bias(self.max_alibi_bias)
-        writer.add_file_type(0)
-        writer.add_tokenizer_model("llama")
-        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(self.n_vocab - 3)]
-        writer.add_token_list(tokens)
-        writer.add_token_scores([0.0] * self.n_vocab)
-        writer.add_token_types([2, 3, 3] + [6] * (self.n_vocab - 3))
-        writer.add_bos_token_id(1)
-        writer.add_eos_token_id(2)
-        writer.add_unk_token_id(0)
-        for name, tensor in self.weights.items():
-            writer.add_tensor(name, tensor)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        return path
+
+        def hparams(w):
+            w.add_context_length(self.n_ctx_train)
+            w.add_embedding_length(self.n_embd)
+            w.add_block_count(self.n_layer)
+            w.add_feed_forward_length(self.n_ff)
+            w.add_head_count(self.n_head)
+            w.add_head_count_kv(self.n_head)
+            w.add_layer_norm_eps(self.norm_eps)
+            w.add_max_alibi_bias(self.max_alibi_bias)
+
+        return _write(path, "mpt", "tiny-mpt-test", self.weights, self.n_vocab, hparams)
