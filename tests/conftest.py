@@ -5,6 +5,9 @@ from pathlib import Path
 
 import pytest
 
+# the patched library must be the one llama_cpp loads, whichever test imports llama_cpp first
+import llama_extrapolate  # noqa: F401,E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 
