@@ -48,24 +48,7 @@ class Llama(llama_cpp.Llama):
         self.attention.check_context(self.attention_resolved, n_ctx, n_ubatch)
 
         r = self.attention_resolved
-        if r.ceiling > 0 and self.model_info.position_encoding == "rope":
-            # the RoPE ceiling rotates q and the cached keys once more: only where that is exact
-            if kwargs.get("flash_attn"):
-                raise ValueError(f"flash_attn=True with ceiling={r.ceiling}: the RoPE distance ceiling needs the "
-                                 "non-flash attention path; use flash_attn=False")
-            type_k = kwargs.get("type_k")
-            if type_k is not None and int(type_k) not in (0, 1):
-                raise ValueError(f"type_k={type_k} with ceiling={r.ceiling}: the RoPE distance ceiling needs an f16 "
-                                 "(1) or f32 (0) K cache")
-        if r.temperature_on and self.model_info.position_encoding == "alibi" and kwargs.get("flash_attn"):
-            raise ValueError("flash_attn=True with a softmax temperature on an ALiBi model: the temperature-scaled "
-                             "bias does not fit the f16 flash-attention mask; use flash_attn=False")
-        knobs_on = r.window > 0 or r.ceiling > 0 or r.temperature_on
-        if knobs_on and self.model_info.position_encoding == "alibi" and kwargs.get("flash_attn") and not (
-                0 < r.ceiling <= 2048):
-            # flash attention takes the ALiBi distances from an f16 mask: integers are exact only to 2048
-            raise ValueError(f"flash_attn=True on an ALiBi model needs a ceiling in 1..2048 (got ceiling={r.ceiling}): "
-                             "distances above 2048 are not exact in the f16 mask; use flash_attn=False")
+        self._check_attention_options(kwargs)
         overrides = r.kv_overrides(self.model_info.architecture)
         user = dict(kwargs.pop("kv_overrides", None) or {})
         clash = sorted(k for k in overrides if k in user and user[k] != overrides[k])
@@ -95,6 +78,29 @@ class Llama(llama_cpp.Llama):
             self.input_ids = TokenHistory()
             self._n_ctx = UNBOUNDED_CONTEXT
             self._guard_rollbacks()
+
+    def _check_attention_options(self, kwargs: dict) -> None:
+        """Refuse llama_cpp options under which the configured attention would not be exact."""
+        r, encoding = self.attention_resolved, self.model_info.position_encoding
+        flash = bool(kwargs.get("flash_attn"))
+        if r.ceiling > 0 and encoding == "rope":
+            # the RoPE ceiling rotates q and the cached keys once more: only where that is exact
+            if flash:
+                raise ValueError(f"flash_attn=True with ceiling={r.ceiling}: the RoPE distance ceiling needs the "
+                                 "non-flash attention path; use flash_attn=False")
+            type_k = kwargs.get("type_k")
+            if type_k is not None and int(type_k) not in (0, 1):
+                raise ValueError(f"type_k={type_k} with ceiling={r.ceiling}: the RoPE distance ceiling needs an f16 "
+                                 "(1) or f32 (0) K cache")
+        if encoding == "alibi" and flash:
+            if r.temperature_on:
+                raise ValueError("flash_attn=True with a softmax temperature on an ALiBi model: the temperature-"
+                                 "scaled bias does not fit the f16 flash-attention mask; use flash_attn=False")
+            if (r.window > 0 or r.ceiling > 0) and not 0 < r.ceiling <= 2048:
+                # flash attention takes the ALiBi distances from an f16 mask: integers are exact only to 2048
+                raise ValueError(f"flash_attn=True on an ALiBi model needs a ceiling in 1..2048 (got ceiling="
+                                 f"{r.ceiling}): distances above 2048 are not exact in the f16 mask; use "
+                                 "flash_attn=False")
 
     def _apply_temperature(self, tau: np.ndarray, log_length: int) -> None:
         _core.set_temperature(context_address(self), np.ascontiguousarray(tau, dtype=np.float32).ravel(),
