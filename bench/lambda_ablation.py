@@ -121,8 +121,8 @@ def main() -> None:
             print(f"{name}: already in {args.out}, skipped", file=sys.stderr)
             continue
         resolved = CONFIGS[name].resolve(info)
-        # a Lambda window bounds the cache (S + W + n_ubatch cells); without one it must hold the stream
-        n_ctx = resolved.sinks + resolved.window + 512 if resolved.window > 0 else args.tokens + 512
+        # a Lambda window bounds the cache (S + W + rollback + n_ubatch cells); without one it holds the stream
+        n_ctx = AttentionConfig.required_n_ctx(resolved, 512, args.tokens + 512)
         llm = llama_extrapolate.Llama(str(model), attention=CONFIGS[name], n_ctx=n_ctx, n_batch=512,
                                       n_ubatch=512, n_threads=args.threads, n_threads_batch=args.threads,
                                       verbose=False)
@@ -137,7 +137,8 @@ def main() -> None:
         buckets = r.bucketize(args.bucket)
         r_attn = llm.attention_resolved
         results["configs"][name] = {
-            "attention": {"sinks": r_attn.sinks, "window": r_attn.window, "ceiling": r_attn.ceiling},
+            "attention": {"sinks": r_attn.sinks, "window": r_attn.window, "ceiling": r_attn.ceiling,
+                          "rollback": r_attn.rollback},
             "n_ctx": n_ctx,
             "seconds": r.seconds, "tokens_per_second": len(text_tokens) / r.seconds,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
