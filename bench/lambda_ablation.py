@@ -50,7 +50,7 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def summarize(buckets_nll: np.ndarray, nll: np.ndarray) -> dict:
+def summarize(nll: np.ndarray) -> dict:
     def mean(a, b):
         return float(nll[a - 1:b - 1].mean()) if len(nll) >= b - 1 else None
 
@@ -122,7 +122,7 @@ def main() -> None:
             continue
         resolved = CONFIGS[name].resolve(info)
         # a Lambda window bounds the cache (S + W + rollback + n_ubatch cells); without one it holds the stream
-        n_ctx = AttentionConfig.required_n_ctx(resolved, 512, args.tokens + 512)
+        n_ctx = resolved.required_n_ctx(512, args.tokens + 512)
         llm = llama_extrapolate.Llama(str(model), attention=CONFIGS[name], n_ctx=n_ctx, n_batch=512,
                                       n_ubatch=512, n_threads=args.threads, n_threads_batch=args.threads,
                                       verbose=False)
@@ -142,7 +142,7 @@ def main() -> None:
             "n_ctx": n_ctx,
             "seconds": r.seconds, "tokens_per_second": len(text_tokens) / r.seconds,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "summary": summarize(None, r.nll), "buckets": buckets,
+            "summary": summarize(r.nll), "buckets": buckets,
         }
         args.out.write_text(json.dumps(results, indent=1))
         s = results["configs"][name]["summary"]

@@ -30,14 +30,12 @@ def run_python(code: str, *args: str, env=None, timeout=600) -> subprocess.Compl
 
 @pytest.fixture(scope="session")
 def default_model():
-    import llama_extrapolate
 
     return llama_extrapolate.default_model_path()
 
 
 @pytest.fixture(scope="session")
 def small_llm(default_model):
-    import llama_extrapolate  # noqa: F401  (must precede llama_cpp)
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(default_model), n_ctx=512, n_batch=128, n_threads=2, verbose=False)

@@ -83,7 +83,7 @@ def test_shape_and_model_limits_are_named(info):
     assert AttentionConfig.ceiling_only().resolve(info).ceiling == 8192
     cfg = AttentionConfig.lambda_only(window=1024)
     with pytest.raises(ValueError, match="needs n_ctx >= sinks \\+ window \\+ rollback \\+ n_ubatch = 1802, got n_ctx=1024"):
-        cfg.check_context(cfg.resolve(info), n_ctx=1024, n_ubatch=512)
+        cfg.resolve(info).check_context(n_ctx=1024, n_ubatch=512)
 
 
 def test_llama_rejects_bad_arguments(default_model, tmp_path):

@@ -14,12 +14,21 @@ from typing import Dict
 import numpy as np
 
 
-def _write(path: Path, arch: str, name: str, weights: Dict[str, np.ndarray], n_vocab: int, add_hparams) -> Path:
-    """A GGUF file of f32 tensors with a byte-level SentencePiece vocabulary (tests feed token ids directly)."""
+def _write(path: Path, arch: str, model, n_head_kv: int, add_hparams) -> Path:
+    """A GGUF file of the model's f32 tensors with a byte-level SentencePiece vocabulary (tests feed token ids)."""
     import gguf
 
+    if not model.weights:
+        model.make_weights()
+    n_vocab = model.n_vocab
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name(name)
+    writer.add_name(f"tiny-{arch}-test")
+    writer.add_context_length(model.n_ctx_train)
+    writer.add_embedding_length(model.n_embd)
+    writer.add_block_count(model.n_layer)
+    writer.add_feed_forward_length(model.n_ff)
+    writer.add_head_count(model.n_head)
+    writer.add_head_count_kv(n_head_kv)
     add_hparams(writer)
     writer.add_file_type(0)  # all f32
     writer.add_tokenizer_model("llama")
@@ -29,7 +38,7 @@ def _write(path: Path, arch: str, name: str, weights: Dict[str, np.ndarray], n_v
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
-    for tensor_name, tensor in weights.items():
+    for tensor_name, tensor in model.weights.items():
         writer.add_tensor(tensor_name, tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -90,21 +99,12 @@ class TinyLlama:
         self.weights = w
 
     def write(self, path: Path) -> Path:
-        if not self.weights:
-            self.make_weights()
-
         def hparams(w):
-            w.add_context_length(self.n_ctx_train)
-            w.add_embedding_length(self.n_embd)
-            w.add_block_count(self.n_layer)
-            w.add_feed_forward_length(self.n_ff)
-            w.add_head_count(self.n_head)
-            w.add_head_count_kv(self.n_head_kv)
             w.add_rope_dimension_count(self.head_dim)
             w.add_rope_freq_base(self.rope_base)
             w.add_layer_norm_rms_eps(self.rms_eps)
 
-        return _write(path, self.arch, f"tiny-{self.arch}-test", self.weights, self.n_vocab, hparams)
+        return _write(path, self.arch, self, self.n_head_kv, hparams)
 
 
 @dataclass
@@ -127,15 +127,11 @@ class TinyMPT:
         return self.n_embd // self.n_head
 
     def alibi_slopes(self) -> np.ndarray:
-        """Per-head slopes as ALiBi defines them for any head count (powers of 2^(-max_bias/n))."""
+        """Per-head slopes as ALiBi defines them for any head count (powers of 2^(-max_alibi_bias/n))."""
         n2 = 2 ** int(np.floor(np.log2(self.n_head)))
-        m0 = 2.0 ** (-self.max_bias / n2)
-        m1 = 2.0 ** (-(self.max_bias / 2.0) / n2)
+        m0 = 2.0 ** (-self.max_alibi_bias / n2)
+        m1 = 2.0 ** (-(self.max_alibi_bias / 2.0) / n2)
         return np.array([m0 ** (h + 1) if h < n2 else m1 ** (2 * (h - n2) + 1) for h in range(self.n_head)])
-
-    @property
-    def max_bias(self) -> float:
-        return self.max_alibi_bias
 
     def make_weights(self) -> None:
         rng = np.random.default_rng(self.seed)
@@ -163,17 +159,8 @@ class TinyMPT:
         self.weights = w
 
     def write(self, path: Path) -> Path:
-        if not self.weights:
-            self.make_weights()
-
         def hparams(w):
-            w.add_context_length(self.n_ctx_train)
-            w.add_embedding_length(self.n_embd)
-            w.add_block_count(self.n_layer)
-            w.add_feed_forward_length(self.n_ff)
-            w.add_head_count(self.n_head)
-            w.add_head_count_kv(self.n_head)
             w.add_layer_norm_eps(self.norm_eps)
             w.add_max_alibi_bias(self.max_alibi_bias)
 
-        return _write(path, "mpt", "tiny-mpt-test", self.weights, self.n_vocab, hparams)
+        return _write(path, "mpt", self, self.n_head, hparams)

@@ -16,7 +16,6 @@ fix; nothing falls back to vanilla attention silently.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
@@ -76,6 +75,22 @@ class ResolvedAttention:
         if np.all(self.temperature == uniform):
             out[f"{a}.softmax_temperature"] = float(uniform)
         return out
+
+    def check_context(self, n_ctx: int, n_ubatch: int) -> None:
+        """The cache must hold the sinks, the window, the rollback margin and one ubatch."""
+        need = self.required_n_ctx(n_ubatch, stream=0)
+        if self.window > 0 and n_ctx < need:
+            raise ValueError(
+                f"window={self.window} with sinks={self.sinks} and rollback={self.rollback} needs "
+                f"n_ctx >= sinks + window + rollback + n_ubatch = {need}, got n_ctx={n_ctx}: raise n_ctx or "
+                "lower the window"
+            )
+
+    def required_n_ctx(self, n_ubatch: int, stream: int) -> int:
+        """Smallest n_ctx for a stream of `stream` tokens: bounded with a window, the whole stream without."""
+        if self.window > 0:
+            return self.sinks + self.window + self.rollback + n_ubatch
+        return stream
 
 
 @dataclass(frozen=True)
@@ -196,20 +211,3 @@ class AttentionConfig:
                                      temperature=np.ascontiguousarray(tau, dtype=np.float32),
                                      log_length=log_length)
         return resolved
-
-    def check_context(self, resolved: ResolvedAttention, n_ctx: int, n_ubatch: int) -> None:
-        """The cache must hold the sinks, the window, the rollback margin and one ubatch."""
-        need = resolved.sinks + resolved.window + resolved.rollback + n_ubatch
-        if resolved.window > 0 and n_ctx < need:
-            raise ValueError(
-                f"window={resolved.window} with sinks={resolved.sinks} and rollback={resolved.rollback} needs "
-                f"n_ctx >= sinks + window + rollback + n_ubatch = {need}, got n_ctx={n_ctx}: raise n_ctx or "
-                "lower the window"
-            )
-
-    @staticmethod
-    def required_n_ctx(resolved: ResolvedAttention, n_ubatch: int, stream: int) -> int:
-        """Smallest n_ctx for a stream of `stream` tokens: bounded with a window, the whole stream without."""
-        if resolved.window > 0:
-            return resolved.sinks + resolved.window + resolved.rollback + n_ubatch
-        return stream

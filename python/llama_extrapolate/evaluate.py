@@ -8,7 +8,7 @@ never kept, unlike ``llama_cpp.Llama(logits_all=True)``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import llama_cpp
@@ -19,7 +19,6 @@ import numpy as np
 class NLLResult:
     nll: np.ndarray  # nll[i] = -log p(tokens[i + 1] | tokens[: i + 1])
     seconds: float
-    buckets: List[dict] = field(default_factory=list)
 
     def bucketize(self, size: int) -> List[dict]:
         """Mean NLL and perplexity per block of `size` target positions (position = index of the target token)."""
@@ -30,12 +29,7 @@ class NLLResult:
             part = self.nll[start:start + size]
             mean = float(part.mean())
             out.append({"start": start + 1, "end": start + len(part), "nll": mean, "ppl": float(np.exp(mean))})
-        self.buckets = out
         return out
-
-    def mean(self, first: int, last: int) -> float:
-        """Mean NLL over target positions first..last-1 (token indices)."""
-        return float(self.nll[max(first - 1, 0):last - 1].mean())
 
 
 def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:

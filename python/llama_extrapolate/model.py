@@ -45,7 +45,7 @@ class Llama(llama_cpp.Llama):
         n_ctx = int(kwargs.get("n_ctx", 512))
         n_batch = min(int(kwargs.get("n_batch", 512)), n_ctx) if n_ctx > 0 else int(kwargs.get("n_batch", 512))
         n_ubatch = min(int(kwargs.get("n_ubatch", 512)), n_batch)
-        self.attention.check_context(self.attention_resolved, n_ctx, n_ubatch)
+        self.attention_resolved.check_context(n_ctx, n_ubatch)
 
         r = self.attention_resolved
         self._check_attention_options(kwargs)
