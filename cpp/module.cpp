@@ -143,6 +143,52 @@ py::tuple get_temperature(std::uintptr_t ctx_address) {
     return py::make_tuple(tau, log_length);
 }
 
+void stats_enable(std::uintptr_t ctx_address, bool on) {
+    check_status(llama_ext_stats_enable(mutable_context_from_address(ctx_address), on), "llama_ext_stats_enable");
+}
+
+void stats_reset(std::uintptr_t ctx_address) {
+    check_status(llama_ext_stats_reset(mutable_context_from_address(ctx_address)), "llama_ext_stats_reset");
+}
+
+py::array_t<int64_t> stats_bin_lower() {
+    py::array_t<int64_t> lower(llama_ext_stats_n_bins());
+    check_status(llama_ext_stats_bin_lower(lower.mutable_data(), (size_t) lower.size()), "llama_ext_stats_bin_lower");
+    return lower;
+}
+
+// every sum as a float64 array: fields [n_layer, n_head], mass [n_layer, n_head, n_bins]
+py::dict stats_read(std::uintptr_t ctx_address) {
+    const llama_context * ctx = context_from_address(ctx_address);
+    llama_ext_context_info info{};
+    check_status(llama_ext_context_get_info(ctx, &info), "llama_ext_context_get_info");
+
+    const py::ssize_t n_layer = info.n_layer;
+    const py::ssize_t n_head  = info.n_head;
+
+    const std::pair<const char *, llama_ext_stats_field> fields[] = {
+        {"count",      LLAMA_EXT_STATS_COUNT},
+        {"pmax",       LLAMA_EXT_STATS_PMAX},
+        {"entropy",    LLAMA_EXT_STATS_ENTROPY},
+        {"n_keys",     LLAMA_EXT_STATS_N_KEYS},
+        {"logit_mean", LLAMA_EXT_STATS_LOGIT_MEAN},
+        {"logit_var",  LLAMA_EXT_STATS_LOGIT_VAR},
+    };
+
+    py::dict d;
+    for (const auto & [name, field] : fields) {
+        py::array_t<double> a({n_layer, n_head});
+        check_status(llama_ext_stats_get(ctx, field, a.mutable_data(), (size_t) a.size()), "llama_ext_stats_get");
+        d[name] = a;
+    }
+
+    py::array_t<double> mass({n_layer, n_head, (py::ssize_t) llama_ext_stats_n_bins()});
+    check_status(llama_ext_stats_get_mass(ctx, mass.mutable_data(), (size_t) mass.size()), "llama_ext_stats_get_mass");
+    d["mass"] = mass;
+
+    return d;
+}
+
 } // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -172,4 +218,14 @@ PYBIND11_MODULE(_core, m) {
           "caller position - memory position of a sequence (position re-basing)");
     m.def("get_temperature", &get_temperature, py::arg("ctx_address"),
           "(tau[n_layer, n_head], log_length) of a live context");
+    m.def("stats_enable", &stats_enable, py::arg("ctx_address"), py::arg("on"),
+          "collect attention statistics while decoding (non-flash attention, one KV stream)");
+    m.def("stats_enabled", [](std::uintptr_t ctx_address) {
+              return llama_ext_stats_enabled(context_from_address(ctx_address));
+          }, py::arg("ctx_address"), "whether attention statistics are being collected");
+    m.def("stats_reset", &stats_reset, py::arg("ctx_address"), "set the attention statistics to zero");
+    m.def("stats_bin_lower", &stats_bin_lower, "smallest query-key distance of each distance bin");
+    m.def("stats_read", &stats_read, py::arg("ctx_address"),
+          "sums of the attention statistics: count, pmax, entropy, n_keys, logit_mean, logit_var "
+          "[n_layer, n_head] and mass [n_layer, n_head, n_bins]");
 }

@@ -49,6 +49,33 @@ class RefAttention:
         return t
 
 
+# distance bins of the attention statistics: 0..3 exactly, then four per octave
+STAT_BIN_LOWER = np.array([0, 1, 2, 3] + [(4 + s) << (o - 2) for o in range(2, 31) for s in range(4)], dtype=np.int64)
+
+
+class RefStats:
+    """Sums of the attention statistics per (layer, head), from the softmax written out in full."""
+
+    def __init__(self, n_layer: int, n_head: int):
+        shape = (n_layer, n_head)
+        self.count, self.pmax, self.entropy = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        self.n_keys, self.logit_mean, self.logit_var = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        self.mass = np.zeros(shape + (len(STAT_BIN_LOWER),))
+
+    def add(self, layer: int, logits: np.ndarray, w: np.ndarray, distances: np.ndarray) -> None:
+        """logits and w (H, K) of one query over its visible keys at true distances (K,)."""
+        bins = np.searchsorted(STAT_BIN_LOWER, distances, side="right") - 1
+        for h in range(logits.shape[0]):
+            p = w[h]
+            self.count[layer, h] += 1
+            self.pmax[layer, h] += p.max()
+            self.entropy[layer, h] += -np.sum(p[p > 0] * np.log(p[p > 0]))
+            self.n_keys[layer, h] += len(p)
+            self.logit_mean[layer, h] += logits[h].mean()
+            self.logit_var[layer, h] += logits[h].var()
+            np.add.at(self.mass[layer, h], bins, p)
+
+
 def rope_angles(d: np.ndarray, n_rot: int, base: float) -> np.ndarray:
     inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
     return np.asarray(d, dtype=np.float64)[..., None] * inv_freq  # (..., n_rot/2)
@@ -72,7 +99,8 @@ def rotate(x: np.ndarray, angles: np.ndarray, neox: bool = False) -> np.ndarray:
 
 
 def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: float,
-              neox: bool = False, alibi_slopes: Optional[np.ndarray] = None) -> np.ndarray:
+              neox: bool = False, alibi_slopes: Optional[np.ndarray] = None,
+              stats: Optional[RefStats] = None) -> np.ndarray:
     """q (T, H, D), k and v (T, Hkv, D), unrotated; returns (T, H, D)."""
     T, H, D = q.shape
     group = H // k.shape[1]
@@ -90,9 +118,10 @@ def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: f
             logits = np.einsum("hd,khd->hk", q[i], kh[keys]) / np.sqrt(D)
             logits = logits - alibi_slopes[:, None] * d[None, :]
         logits = logits / cfg.temperature(layer, H, p)[:, None]
-        logits -= logits.max(axis=1, keepdims=True)
-        w = np.exp(logits)
+        w = np.exp(logits - logits.max(axis=1, keepdims=True))
         w /= w.sum(axis=1, keepdims=True)
+        if stats is not None:
+            stats.add(layer, logits, w, p - positions[keys])
         out[i] = np.einsum("hk,khd->hd", w, vh[keys])
     return out
 
@@ -102,7 +131,7 @@ def rms_norm(x, w, eps):
 
 
 def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
-            positions: Optional[Sequence[int]] = None) -> np.ndarray:
+            positions: Optional[Sequence[int]] = None, stats: Optional[RefStats] = None) -> np.ndarray:
     """Logits (T, n_vocab) of a tiny llama model for the whole token sequence."""
     cfg = cfg or RefAttention()
     w = {name: t.astype(np.float64) for name, t in model.weights.items()}
@@ -116,7 +145,7 @@ def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention]
         q = (h @ w[f"blk.{il}.attn_q.weight"].T).reshape(T, H, D)
         k = (h @ w[f"blk.{il}.attn_k.weight"].T).reshape(T, Hkv, D)
         v = (h @ w[f"blk.{il}.attn_v.weight"].T).reshape(T, Hkv, D)
-        a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_base, neox=model.neox)
+        a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_base, neox=model.neox, stats=stats)
         x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
         h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], model.rms_eps)
         g = h @ w[f"blk.{il}.ffn_gate.weight"].T
@@ -137,7 +166,8 @@ def gelu(x):
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def forward_mpt(model: TinyMPT, tokens: Sequence[int], cfg: Optional[RefAttention] = None) -> np.ndarray:
+def forward_mpt(model: TinyMPT, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
+                stats: Optional[RefStats] = None) -> np.ndarray:
     """Logits (T, n_vocab) of a tiny MPT-like (ALiBi) model."""
     cfg = cfg or RefAttention()
     w = {name: t.astype(np.float64) for name, t in model.weights.items()}
@@ -150,7 +180,7 @@ def forward_mpt(model: TinyMPT, tokens: Sequence[int], cfg: Optional[RefAttentio
         h = layer_norm(x, w[f"blk.{il}.attn_norm.weight"], w[f"blk.{il}.attn_norm.bias"], model.norm_eps)
         qkv = h @ w[f"blk.{il}.attn_qkv.weight"].T
         q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(T, H, D) for i in range(3))
-        a = attention(q, k, v, positions, cfg, il, rope_base=0.0, alibi_slopes=slopes)
+        a = attention(q, k, v, positions, cfg, il, rope_base=0.0, alibi_slopes=slopes, stats=stats)
         x = x + a.reshape(T, d) @ w[f"blk.{il}.attn_output.weight"].T
         h = layer_norm(x, w[f"blk.{il}.ffn_norm.weight"], w[f"blk.{il}.ffn_norm.bias"], model.norm_eps)
         x = x + gelu(h @ w[f"blk.{il}.ffn_up.weight"].T) @ w[f"blk.{il}.ffn_down.weight"].T

@@ -1,0 +1,342 @@
+"""Softmax-temperature calibration: attention alignment's Algorithm 1, and more.
+
+Chi, Fan & Rudnicky (attention alignment, section 4): past the training length
+L_tr more keys compete for one unit of attention, so the softmax flattens. A
+temperature tau < 1 sharpens it again; Algorithm 1 picks the tau whose mean
+maximum probability (mode "pmax") or mean entropy (mode "entropy") over all
+layers, heads and queries at L_ex equals the value at L_tr with tau = 1.
+
+A decoder sees its prefix causally, so one pass over L tokens yields the
+statistic at every length up to L: the readings taken on the way (statistics
+are sums, see ``stats``) are the statistics of the shorter inputs. The paper's
+statistic averages over *all* queries of the input ("all"); a query near
+position L is the one that sees L keys, so the queries of the last block
+before L ("tail") give the sharper length signal and are what Propositions
+1-2 describe.
+
+Beyond the paper: a continuous search (the statistic is monotone in tau, so a
+bracketed regula falsi finds it to any tolerance), per-layer and per-(layer,
+head) temperatures (interpolated per unit from uniform-tau passes, then
+corrected with passes at the per-unit values), Propositions 1-2 from the
+measured logit spread, and the log-length baseline tau = log L_tr / log L_ex.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import llama_cpp
+import numpy as np
+
+from . import stats as _stats
+from .stats import AttentionStats
+
+PAPER_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
+MODES = ("pmax", "entropy")
+GRANULARITIES = ("global", "layer", "head")
+QUERIES = ("all", "tail")
+
+TauValue = Union[float, np.ndarray]
+
+
+def _tau_key(tau: TauValue) -> Tuple[float, ...]:
+    return tuple(np.round(np.atleast_1d(np.asarray(tau, dtype=np.float64)).ravel(), 6))
+
+
+@dataclass
+class Measurement:
+    """One pass over the text at one temperature: cumulative statistics at each checkpoint length."""
+
+    tau: TauValue
+    at: Dict[int, AttentionStats]  # L -> statistics of the queries at positions < L
+    seconds: float
+
+
+def _decode_to(llm, tokens: np.ndarray, start: int, stop: int, batch, n_batch: int, bar) -> None:
+    for s in range(start, stop, n_batch):
+        chunk = tokens[s:min(stop, s + n_batch)]
+        batch.n_tokens = len(chunk)
+        for i, t in enumerate(chunk):
+            batch.token[i] = int(t)
+            batch.pos[i] = s + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i == len(chunk) - 1
+        rc = llama_cpp.llama_decode(llm.ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc} at token {s}: the KV cache is full; calibration reads "
+                               f"{len(tokens)} tokens with full attention, so n_ctx must be >= that")
+        if bar is not None:
+            bar.update(len(chunk))
+
+
+def measure(llm, tokens: Sequence[int], checkpoints: Sequence[int], tau: TauValue = 1.0, *,
+            n_batch: Optional[int] = None, progress: bool = True, desc: str = "calibrate") -> Measurement:
+    """Decode ``tokens`` from position 0 at temperature ``tau`` and read the statistics at each checkpoint."""
+    import time
+
+    tokens = np.asarray(tokens, dtype=np.int32)
+    points = sorted({int(c) for c in checkpoints})
+    if not points or points[0] < 1 or points[-1] > len(tokens):
+        raise ValueError(f"checkpoints {points} must lie in 1..{len(tokens)} (the number of tokens)")
+    n_batch = llm.n_batch if n_batch is None else int(n_batch)
+    llm.set_temperature(tau)
+    llm.reset()
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+    batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        label = f"{desc} tau={float(np.mean(tau)):.3f}" + ("" if np.ndim(tau) == 0 else " (per unit)")
+        bar = tqdm(total=points[-1], desc=label, unit="tok", leave=False)
+    at: Dict[int, AttentionStats] = {}
+    t0 = time.perf_counter()
+    try:
+        with _stats.collecting(llm):
+            pos = 0
+            for c in points:
+                _decode_to(llm, tokens, pos, c, batch, n_batch, bar)
+                pos = c
+                at[c] = AttentionStats.read(llm)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        if bar is not None:
+            bar.close()
+        llm.reset()
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+    return Measurement(tau=tau, at=at, seconds=time.perf_counter() - t0)
+
+
+def statistic_of(s: AttentionStats, mode: str, granularity: str = "global"):
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: use 'pmax' or 'entropy'")
+    return s.mean(mode, granularity)
+
+
+def _crossing(taus: np.ndarray, values: np.ndarray, target: float) -> Tuple[float, bool]:
+    """tau where the piecewise-linear curve values(taus) meets target; (nearest end, False) if it never does."""
+    order = np.argsort(taus)
+    t, v = taus[order], values[order] - target
+    for i in range(len(t) - 1):
+        if v[i] == 0:
+            return float(t[i]), True
+        if v[i] * v[i + 1] < 0:
+            return float(t[i] - v[i] * (t[i + 1] - t[i]) / (v[i + 1] - v[i])), True
+    if v[-1] == 0:
+        return float(t[-1]), True
+    return float(t[np.argmin(np.abs(v))]), False
+
+
+@dataclass
+class Calibrator:
+    """Algorithm 1 and its extensions for one model and one text.
+
+    ``llm`` is a ``llama_extrapolate.Llama`` with full attention (no window) and n_ctx >= the longest
+    length; every pass reads the text from position 0 to the longest length once and serves all lengths.
+    """
+
+    llm: object
+    tokens: Sequence[int]
+    training_length: int
+    lengths: Sequence[int]
+    queries: str = "all"
+    tail: int = 256
+    n_batch: Optional[int] = None
+    progress: bool = True
+    on_measure: Optional[Callable[[Measurement], None]] = None
+    cache: Dict[Tuple[float, ...], Measurement] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens, dtype=np.int32)
+        self.lengths = sorted({int(x) for x in self.lengths})
+        if self.queries not in QUERIES:
+            raise ValueError(f"queries={self.queries!r}: use 'all' (the paper) or 'tail'")
+        if not isinstance(self.training_length, (int, np.integer)) or self.training_length < 2:
+            raise ValueError(f"training_length={self.training_length!r} must be a whole number >= 2")
+        if not self.lengths:
+            raise ValueError("lengths is empty: give at least one extrapolation length L_ex")
+        bad = [x for x in self.lengths if x <= self.training_length]
+        if bad:
+            raise ValueError(f"extrapolation length {bad[0]} must be > training_length={self.training_length}")
+        if self.lengths[-1] > len(self.tokens):
+            raise ValueError(f"length {self.lengths[-1]} needs {self.lengths[-1]} tokens of text, the text has "
+                             f"{len(self.tokens)}: use a longer text or shorter lengths")
+        if not 1 <= self.tail <= self.training_length:
+            raise ValueError(f"tail={self.tail} must be in 1..training_length={self.training_length}")
+        n_ctx = self.llm.context_params.n_ctx
+        if n_ctx < self.lengths[-1]:
+            raise ValueError(f"n_ctx={n_ctx} is below the longest length {self.lengths[-1]}: calibration reads the "
+                             "text with full attention, so load the model with n_ctx >= that length")
+        if self.llm.attention_resolved.window > 0:
+            raise ValueError(f"the model was loaded with window={self.llm.attention_resolved.window}: Algorithm 1 "
+                             "calibrates full attention; load it with AttentionConfig.vanilla()")
+
+    # --- passes ------------------------------------------------------------------------------
+    @property
+    def checkpoints(self) -> List[int]:
+        ends = [self.training_length, *self.lengths]
+        pts = set(ends)
+        for L in ends:
+            pts.add(L - self.tail)
+        return sorted(p for p in pts if p >= 1)
+
+    def measure(self, tau: TauValue) -> Measurement:
+        key = _tau_key(tau)
+        if key not in self.cache:
+            m = measure(self.llm, self.tokens, self.checkpoints, tau, n_batch=self.n_batch, progress=self.progress)
+            self.cache[key] = m
+            if self.on_measure is not None:
+                self.on_measure(m)
+        return self.cache[key]
+
+    def stats_at(self, m: Measurement, length: int, queries: Optional[str] = None) -> AttentionStats:
+        queries = queries or self.queries
+        if queries == "all":
+            return m.at[length]
+        return m.at[length] - m.at[length - self.tail]
+
+    def value(self, tau: TauValue, length: int, mode: str, granularity: str = "global"):
+        return statistic_of(self.stats_at(self.measure(tau), length), mode, granularity)
+
+    def target(self, mode: str, granularity: str = "global"):
+        """S_tr(1): the statistic at the training length with tau = 1."""
+        return self.value(1.0, self.training_length, mode, granularity)
+
+    # --- Algorithm 1 -----------------------------------------------------------------------------
+    def grid(self, mode: str, grid: Sequence[float] = PAPER_GRID) -> Dict[int, dict]:
+        """The paper's search: tau_ex on the grid with S_ex(tau_ex) closest to S_tr(1), per length."""
+        target = self.target(mode)
+        curve = {t: [self.value(t, L, mode) for L in self.lengths] for t in grid}
+        out = {}
+        for i, L in enumerate(self.lengths):
+            best = min(grid, key=lambda t: abs(curve[t][i] - target))
+            out[L] = {"tau": float(best), "target": target, "value": curve[best][i],
+                      "curve": {str(t): curve[t][i] for t in grid}}
+        return out
+
+    def continuous(self, mode: str, length: int, tol: float = 2e-3, lo: float = 0.5, hi: float = 1.0,
+                   max_passes: int = 12) -> dict:
+        """tau with S(tau, L_ex) = S_tr(1) to within ``tol`` in tau, by bracketed regula falsi (Illinois)."""
+        target = self.target(mode)
+
+        def f(t: float) -> float:
+            return self.value(t, length, mode) - target
+
+        f_hi = f(hi)
+        f_lo = f(lo)
+        while f_lo * f_hi > 0 and lo > 0.15:
+            lo, f_lo = max(0.1, lo - 0.2), None
+            f_lo = f(lo)
+        if f_lo * f_hi > 0:
+            raise RuntimeError(f"{mode} at L_ex={length} does not reach its training value {target:.4f} for tau in "
+                               f"[{lo}, {hi}] (S={f_lo + target:.4f}..{f_hi + target:.4f}): the statistic is not "
+                               "aligned by a temperature on this text")
+        side = 0
+        t = hi
+        passes = 0
+        while hi - lo > tol and passes < max_passes:
+            t = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
+            t = min(max(t, lo + tol / 4), hi - tol / 4)
+            ft = f(t)
+            passes += 1
+            if ft == 0:
+                lo = hi = t
+                break
+            if ft * f_hi > 0:
+                hi, f_hi = t, ft
+                if side == 1:
+                    f_lo /= 2
+                side = 1
+            else:
+                lo, f_lo = t, ft
+                if side == -1:
+                    f_hi /= 2
+                side = -1
+        t = 0.5 * (lo + hi)
+        return {"tau": float(t), "bracket": [float(lo), float(hi)], "target": target}
+
+    def per_unit(self, mode: str, length: int, granularity: str, refine: int = 1,
+                 uniform: Optional[Sequence[float]] = None) -> dict:
+        """tau per layer [n_layer] or per (layer, head) [n_layer, n_head] aligning each unit's own statistic.
+
+        Each unit's statistic is interpolated from uniform-tau passes (``uniform``, default the taus measured
+        so far), then ``refine`` passes at the per-unit values correct each unit by its own slope.
+        """
+        if granularity not in ("layer", "head"):
+            raise ValueError(f"granularity={granularity!r}: per-unit search is 'layer' or 'head'")
+        target = np.asarray(self.target(mode, granularity))
+        taus = sorted(set(uniform) if uniform is not None else
+                      {k[0] for k in self.cache if len(k) == 1})
+        if len(taus) < 2:
+            raise ValueError("per-unit search needs uniform passes at two or more temperatures first (run grid "
+                             "or continuous, or pass uniform=[...])")
+        taus_a = np.asarray(taus)
+        curves = np.stack([np.asarray(self.value(t, length, mode, granularity)) for t in taus])  # [n_tau, *unit]
+        tau = np.empty(target.shape)
+        bracketed = np.empty(target.shape, dtype=bool)
+        for idx in np.ndindex(target.shape):
+            tau[idx], bracketed[idx] = _crossing(taus_a, curves[(slice(None),) + idx], float(target[idx]))
+        history = []
+        for _ in range(refine):
+            got = np.asarray(self.value(tau if tau.ndim == 2 else tau.astype(np.float32), length, mode, granularity))
+            history.append(float(np.abs(got - target).mean()))
+            slope = np.empty(target.shape)
+            for idx in np.ndindex(target.shape):
+                slope[idx] = np.interp(tau[idx], taus_a, np.gradient(curves[(slice(None),) + idx], taus_a))
+            step = np.where(np.abs(slope) > 1e-9, (target - got) / np.where(slope == 0, 1, slope), 0.0)
+            tau = np.clip(tau + np.clip(step, -0.1, 0.1), 0.1, 2.0)
+        got = np.asarray(self.value(tau, length, mode, granularity))
+        history.append(float(np.abs(got - target).mean()))
+        return {"tau": tau, "bracketed": bracketed, "mean_abs_error": history}
+
+
+# --- closed forms ----------------------------------------------------------------------------
+def log_length_tau(training_length: int, length: int) -> float:
+    """The length-only baseline (Yao et al.; Su): tau = log L_tr / log L_ex."""
+    return math.log(training_length) / math.log(max(length, training_length))
+
+
+def proposition1(l_tr: float, l_ex: float, p_tr: float, sigma_tr: float, sigma_ex: float) -> Optional[float]:
+    """Maximum-probability alignment in closed form: the larger root of A tau^2 - B tau + C = 0.
+
+    A = log L_ex + log P_tr, B = log L_tr + log P_tr + sigma_tr^2 / 2, C = sigma_ex^2 / 2 (Assumptions 1-2:
+    Gaussian logits, same largest logit); None when the quadratic has no real root.
+    """
+    a = math.log(l_ex) + math.log(p_tr)
+    b = math.log(l_tr) + math.log(p_tr) + sigma_tr ** 2 / 2
+    c = sigma_ex ** 2 / 2
+    if a == 0:
+        return c / b if b else None
+    disc = b * b - 4 * a * c
+    if disc < 0:
+        return None
+    roots = [(b + math.sqrt(disc)) / (2 * a), (b - math.sqrt(disc)) / (2 * a)]
+    positive = [r for r in roots if r > 0]
+    return max(positive) if positive else None
+
+
+def proposition2(l_tr: float, l_ex: float, sigma_tr: float, sigma_ex: float) -> float:
+    """Entropy alignment in closed form (Assumption 1): tau = sigma_ex / sqrt(sigma_tr^2 + 2 log(L_ex / L_tr))."""
+    return sigma_ex / math.sqrt(sigma_tr ** 2 + 2 * math.log(l_ex / l_tr))
+
+
+def propositions(tail_stats: Dict[int, AttentionStats], training_length: int, layer: int = 0) -> Dict[int, dict]:
+    """Propositions 1-2 at each length from the tau = 1 statistics of the queries that see ~L keys.
+
+    As in the paper's section 7: layer 0, P_tr and sigma_tr at the training length, sigma_ex at each length;
+    L is the mean number of keys those queries saw.
+    """
+    tr = tail_stats[training_length]
+    keys = lambda s: float(s.n_keys[layer].sum() / s.count[layer].sum())  # noqa: E731
+    p_tr = float(tr.pmax[layer].sum() / tr.count[layer].sum())
+    s_tr, l_tr = tr.sigma(layer), keys(tr)
+    out = {}
+    for L, s in sorted(tail_stats.items()):
+        s_ex, l_ex = s.sigma(layer), keys(s)
+        out[L] = {"keys": l_ex, "sigma": s_ex,
+                  "proposition1": proposition1(l_tr, l_ex, p_tr, s_tr, s_ex),
+                  "proposition2": proposition2(l_tr, l_ex, s_tr, s_ex)}
+    return out

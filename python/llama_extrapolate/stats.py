@@ -1,0 +1,132 @@
+"""Attention statistics, reduced inside llama.cpp while it decodes (patch 0009).
+
+Calibration (attention alignment's Algorithm 1) needs the mean maximum
+probability and entropy of every softmax row; its Propositions 1-2 need the
+spread of the logits; the empirical receptive field needs the attention mass
+by query-key distance. A 16k-token softmax is 16k x 16k x heads floats per
+layer, so the library sums these per (layer, head) as it goes and only the
+sums reach Python. Sums subtract, so the statistics of the queries between
+two points of a stream are the difference of two readings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+from typing import Dict, Iterator, Optional
+
+import numpy as np
+
+from . import _core
+from .handles import context_address
+
+FIELDS = ("count", "pmax", "entropy", "n_keys", "logit_mean", "logit_var")
+
+
+def bin_lower() -> np.ndarray:
+    """Smallest query-key distance of each distance bin (0..3 exactly, then four bins per octave)."""
+    return np.asarray(_core.stats_bin_lower(), dtype=np.int64)
+
+
+@dataclass
+class AttentionStats:
+    """Sums over query rows, per layer and head ([n_layer, n_head]); ``mass`` per distance bin too."""
+
+    count: np.ndarray
+    pmax: np.ndarray
+    entropy: np.ndarray
+    n_keys: np.ndarray
+    logit_mean: np.ndarray
+    logit_var: np.ndarray
+    mass: np.ndarray  # [n_layer, n_head, n_bins]
+    bin_lower: np.ndarray  # [n_bins]
+
+    @classmethod
+    def read(cls, llm) -> "AttentionStats":
+        raw = _core.stats_read(context_address(llm))
+        return cls(**{k: np.array(raw[k]) for k in FIELDS}, mass=np.array(raw["mass"]), bin_lower=bin_lower())
+
+    def __sub__(self, other: "AttentionStats") -> "AttentionStats":
+        if self.count.shape != other.count.shape:
+            raise ValueError(f"statistics of shapes {self.count.shape} and {other.count.shape} do not subtract")
+        return AttentionStats(**{f.name: getattr(self, f.name) - getattr(other, f.name)
+                                 for f in fields(self) if f.name != "bin_lower"}, bin_lower=self.bin_lower)
+
+    @property
+    def rows(self) -> int:
+        """Query rows summed (per layer and head)."""
+        return int(self.count[0, 0]) if self.count.size else 0
+
+    def _mean(self, total: np.ndarray, axis) -> np.ndarray:
+        n = self.count.sum(axis=axis)
+        if np.any(n == 0):
+            raise ValueError("no query rows were collected: decode some tokens with statistics enabled first")
+        return total.sum(axis=axis) / n
+
+    def mean(self, name: str, granularity: str = "global"):
+        """Average of a field over query rows: one number, per layer [n_layer], or per head [n_layer, n_head].
+
+        "global" averages over all layers, heads and queries, as Algorithm 1 does.
+        """
+        if name not in FIELDS[1:]:
+            raise ValueError(f"statistic {name!r}: use one of {', '.join(FIELDS[1:])}")
+        total = getattr(self, name)
+        if granularity == "global":
+            return float(self._mean(total, None))
+        if granularity == "layer":
+            return self._mean(total, 1)
+        if granularity == "head":
+            return self._mean(total, ())
+        raise ValueError(f"granularity={granularity!r}: use 'global', 'layer' or 'head'")
+
+    def sigma(self, layer: Optional[int] = 0) -> float:
+        """Standard deviation of the logits within a row, averaged over rows (one layer, or all for None)."""
+        sel = slice(None) if layer is None else slice(layer, layer + 1)
+        return float(np.sqrt(self.logit_var[sel].sum() / self.count[sel].sum()))
+
+    def mass_by_distance(self, layer: Optional[int] = None) -> np.ndarray:
+        """Attention mass per distance bin, normalised to sum 1 (one layer, or all layers for None)."""
+        m = self.mass if layer is None else self.mass[layer:layer + 1]
+        total = m.sum(axis=(0, 1))
+        s = total.sum()
+        if s <= 0:
+            raise ValueError("no attention mass was collected: decode some tokens with statistics enabled first")
+        return total / s
+
+    def to_dict(self) -> Dict[str, list]:
+        return {f.name: np.asarray(getattr(self, f.name)).tolist() for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, list]) -> "AttentionStats":
+        return cls(**{f.name: np.asarray(d[f.name], dtype=np.int64 if f.name == "bin_lower" else np.float64)
+                      for f in fields(cls)})
+
+
+def enable(llm, on: bool = True) -> None:
+    """Collect attention statistics while ``llm`` decodes (the graph gains one reduction per layer)."""
+    try:
+        _core.stats_enable(context_address(llm), bool(on))
+    except ValueError as e:
+        raise ValueError(
+            f"attention statistics cannot be collected on this context ({e}): they need flash_attn=False, "
+            "one KV stream (n_seq_max=1 or kv_unified) and a model without sliding-window layers"
+        ) from None
+
+
+def reset(llm) -> None:
+    _core.stats_reset(context_address(llm))
+
+
+def enabled(llm) -> bool:
+    return bool(_core.stats_enabled(context_address(llm)))
+
+
+@contextlib.contextmanager
+def collecting(llm) -> Iterator[None]:
+    """Statistics on and zeroed inside the block, off after it (the sums stay readable)."""
+    enable(llm, True)
+    reset(llm)
+    try:
+        yield
+    finally:
+        enable(llm, False)
