@@ -143,6 +143,32 @@ py::tuple get_temperature(std::uintptr_t ctx_address) {
     return py::make_tuple(tau, log_length);
 }
 
+void set_temperature_points(std::uintptr_t ctx_address,
+                            py::array_t<uint32_t, py::array::c_style | py::array::forcecast> lengths,
+                            py::array_t<float, py::array::c_style | py::array::forcecast> tau) {
+    const size_t n_points = (size_t) lengths.size();
+    if (n_points > 0 && (size_t) tau.size() % n_points != 0) {
+        throw py::value_error("tau must hold the same number of values for every point");
+    }
+    const size_t n_per_point = n_points > 0 ? (size_t) tau.size() / n_points : 0;
+    check_status(llama_ext_set_temperature_points(mutable_context_from_address(ctx_address), lengths.data(), tau.data(),
+                                                  n_points, n_per_point),
+                 "llama_ext_set_temperature_points");
+}
+
+py::tuple get_temperature_points(std::uintptr_t ctx_address) {
+    const llama_context * ctx = context_from_address(ctx_address);
+    llama_ext_context_info info{};
+    check_status(llama_ext_context_get_info(ctx, &info), "llama_ext_context_get_info");
+    const int32_t n_points = llama_ext_get_temperature_n_points(ctx);
+    check_status(n_points < 0 ? n_points : 0, "llama_ext_get_temperature_n_points");
+    py::array_t<uint32_t> lengths(n_points);
+    py::array_t<float> tau({(py::ssize_t) n_points, (py::ssize_t) info.n_layer, (py::ssize_t) info.n_head});
+    check_status(llama_ext_get_temperature_points(ctx, lengths.mutable_data(), tau.mutable_data(), (size_t) n_points),
+                 "llama_ext_get_temperature_points");
+    return py::make_tuple(lengths, tau);
+}
+
 void stats_enable(std::uintptr_t ctx_address, bool on) {
     check_status(llama_ext_stats_enable(mutable_context_from_address(ctx_address), on), "llama_ext_stats_enable");
 }
@@ -218,6 +244,10 @@ PYBIND11_MODULE(_core, m) {
           "caller position - memory position of a sequence (position re-basing)");
     m.def("get_temperature", &get_temperature, py::arg("ctx_address"),
           "(tau[n_layer, n_head], log_length) of a live context");
+    m.def("set_temperature_points", &set_temperature_points, py::arg("ctx_address"), py::arg("lengths"), py::arg("tau"),
+          "temperature schedule by points: lengths [n], tau [n] or [n, n_layer] or [n, n_layer, n_head]; n = 0 removes it");
+    m.def("get_temperature_points", &get_temperature_points, py::arg("ctx_address"),
+          "(lengths[n], tau[n, n_layer, n_head]) of the temperature schedule by points");
     m.def("stats_enable", &stats_enable, py::arg("ctx_address"), py::arg("on"),
           "collect attention statistics while decoding (non-flash attention, one KV stream)");
     m.def("stats_enabled", [](std::uintptr_t ctx_address) {

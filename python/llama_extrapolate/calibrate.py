@@ -52,9 +52,16 @@ class Measurement:
     tau: TauValue
     at: Dict[int, AttentionStats]  # L -> statistics of the queries at positions < L
     seconds: float
+    nll: Optional[np.ndarray] = None  # nll[i] = -log p(token i+1 | tokens <= i), when asked for
+
+    def covers(self, checkpoints: Sequence[int]) -> bool:
+        return all(c in self.at for c in checkpoints)
 
 
-def _decode_to(llm, tokens: np.ndarray, start: int, stop: int, batch, n_batch: int, bar) -> None:
+def _decode_to(llm, tokens: np.ndarray, start: int, stop: int, batch, n_batch: int, bar,
+               nll: Optional[np.ndarray] = None) -> None:
+    from .evaluate import _log_softmax_at
+
     for s in range(start, stop, n_batch):
         chunk = tokens[s:min(stop, s + n_batch)]
         batch.n_tokens = len(chunk)
@@ -63,18 +70,27 @@ def _decode_to(llm, tokens: np.ndarray, start: int, stop: int, batch, n_batch: i
             batch.pos[i] = s + i
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
-            batch.logits[i] = i == len(chunk) - 1
+            batch.logits[i] = nll is not None or i == len(chunk) - 1
         rc = llama_cpp.llama_decode(llm.ctx, batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc} at token {s}: the KV cache is full; calibration reads "
                                f"{len(tokens)} tokens with full attention, so n_ctx must be >= that")
+        if nll is not None:
+            n = len(chunk)
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(n, llm.n_vocab()))
+            targets = tokens[s + 1:s + n + 1]
+            nll[s:s + len(targets)] = _log_softmax_at(logits[: len(targets)], targets)
         if bar is not None:
             bar.update(len(chunk))
 
 
 def measure(llm, tokens: Sequence[int], checkpoints: Sequence[int], tau: TauValue = 1.0, *,
-            n_batch: Optional[int] = None, progress: bool = True, desc: str = "calibrate") -> Measurement:
-    """Decode ``tokens`` from position 0 at temperature ``tau`` and read the statistics at each checkpoint."""
+            n_batch: Optional[int] = None, progress: bool = True, desc: str = "calibrate",
+            with_nll: bool = False) -> Measurement:
+    """Decode ``tokens`` from position 0 at temperature ``tau`` and read the statistics at each checkpoint.
+
+    ``with_nll`` also scores every token (the same pass gives the perplexity at this temperature).
+    """
     import time
 
     tokens = np.asarray(tokens, dtype=np.int32)
@@ -93,12 +109,13 @@ def measure(llm, tokens: Sequence[int], checkpoints: Sequence[int], tau: TauValu
         label = f"{desc} tau={float(np.mean(tau)):.3f}" + ("" if np.ndim(tau) == 0 else " (per unit)")
         bar = tqdm(total=points[-1], desc=label, unit="tok", leave=False)
     at: Dict[int, AttentionStats] = {}
+    nll = np.full(points[-1] - 1, np.nan) if with_nll else None
     t0 = time.perf_counter()
     try:
         with _stats.collecting(llm):
             pos = 0
             for c in points:
-                _decode_to(llm, tokens, pos, c, batch, n_batch, bar)
+                _decode_to(llm, tokens, pos, c, batch, n_batch, bar, nll)
                 pos = c
                 at[c] = AttentionStats.read(llm)
     finally:
@@ -107,7 +124,7 @@ def measure(llm, tokens: Sequence[int], checkpoints: Sequence[int], tau: TauValu
             bar.close()
         llm.reset()
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
-    return Measurement(tau=tau, at=at, seconds=time.perf_counter() - t0)
+    return Measurement(tau=tau, at=at, seconds=time.perf_counter() - t0, nll=nll)
 
 
 def statistic_of(s: AttentionStats, mode: str, granularity: str = "global"):
@@ -146,6 +163,7 @@ class Calibrator:
     tail: int = 256
     n_batch: Optional[int] = None
     progress: bool = True
+    with_nll: bool = False
     on_measure: Optional[Callable[[Measurement], None]] = None
     cache: Dict[Tuple[float, ...], Measurement] = field(default_factory=dict)
 
@@ -185,8 +203,9 @@ class Calibrator:
 
     def measure(self, tau: TauValue) -> Measurement:
         key = _tau_key(tau)
-        if key not in self.cache:
-            m = measure(self.llm, self.tokens, self.checkpoints, tau, n_batch=self.n_batch, progress=self.progress)
+        if key not in self.cache or not self.cache[key].covers(self.checkpoints):
+            m = measure(self.llm, self.tokens, self.checkpoints, tau, n_batch=self.n_batch, progress=self.progress,
+                        with_nll=self.with_nll)
             self.cache[key] = m
             if self.on_measure is not None:
                 self.on_measure(m)
@@ -225,22 +244,31 @@ class Calibrator:
         def f(t: float) -> float:
             return self.value(t, length, mode) - target
 
-        f_hi = f(hi)
-        f_lo = f(lo)
+        # the tightest bracket the passes made so far give, else the ends of [lo, hi]
+        seen = {k[0]: f(k[0]) for k in list(self.cache) if len(k) == 1 and self.cache[k].covers(self.checkpoints)}
+        sign_hi = np.sign(f(hi))
+        up = [t for t, v in seen.items() if np.sign(v) == sign_hi]
+        down = [t for t, v in seen.items() if np.sign(v) == -sign_hi]
+        if up:
+            hi = min(up)
+        if down:
+            lo = max(down)
+        f_hi, f_lo = f(hi), f(lo)
         while f_lo * f_hi > 0 and lo > 0.15:
-            lo, f_lo = max(0.1, lo - 0.2), None
+            lo = max(0.1, lo - 0.2)
             f_lo = f(lo)
         if f_lo * f_hi > 0:
             raise RuntimeError(f"{mode} at L_ex={length} does not reach its training value {target:.4f} for tau in "
                                f"[{lo}, {hi}] (S={f_lo + target:.4f}..{f_hi + target:.4f}): the statistic is not "
                                "aligned by a temperature on this text")
+        evaluated = {lo: f_lo, hi: f_hi}
         side = 0
-        t = hi
         passes = 0
         while hi - lo > tol and passes < max_passes:
             t = (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
-            t = min(max(t, lo + tol / 4), hi - tol / 4)
+            t = round(min(max(t, lo + tol / 4), hi - tol / 4), 4)
             ft = f(t)
+            evaluated[t] = ft
             passes += 1
             if ft == 0:
                 lo = hi = t
@@ -255,8 +283,10 @@ class Calibrator:
                 if side == -1:
                     f_hi /= 2
                 side = -1
-        t = 0.5 * (lo + hi)
-        return {"tau": float(t), "bracket": [float(lo), float(hi)], "target": target}
+        # report a measured tau (its pass also holds the NLL): the one nearest the target in the final bracket
+        best = min((t for t in evaluated if lo <= t <= hi), key=lambda t: abs(evaluated[t]))
+        return {"tau": float(best), "bracket": [float(lo), float(hi)], "target": target,
+                "value": float(evaluated[best] + target), "passes": len(evaluated)}
 
     def per_unit(self, mode: str, length: int, granularity: str, refine: int = 1,
                  uniform: Optional[Sequence[float]] = None) -> dict:
