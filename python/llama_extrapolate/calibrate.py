@@ -160,7 +160,7 @@ class Calibrator:
     training_length: int
     lengths: Sequence[int]
     queries: str = "all"
-    tail: int = 256
+    tail: Optional[int] = None  # default min(256, L_tr // 2)
     n_batch: Optional[int] = None
     progress: bool = True
     with_nll: bool = False
@@ -182,7 +182,9 @@ class Calibrator:
         if self.lengths[-1] > len(self.tokens):
             raise ValueError(f"length {self.lengths[-1]} needs {self.lengths[-1]} tokens of text, the text has "
                              f"{len(self.tokens)}: use a longer text or shorter lengths")
-        if not 1 <= self.tail <= self.training_length:
+        if self.tail is None:
+            self.tail = max(1, min(256, self.training_length // 2))
+        if not isinstance(self.tail, (int, np.integer)) or not 1 <= self.tail <= self.training_length:
             raise ValueError(f"tail={self.tail} must be in 1..training_length={self.training_length}")
         n_ctx = self.llm.context_params.n_ctx
         if n_ctx < self.lengths[-1]:
@@ -310,14 +312,22 @@ class Calibrator:
         for idx in np.ndindex(target.shape):
             tau[idx], bracketed[idx] = _crossing(taus_a, curves[(slice(None),) + idx], float(target[idx]))
         history = []
+        # correcting passes: Newton steps on each unit's own statistic, the slope from the uniform curve at
+        # first, then secant through this unit's last two passes
+        slope = np.empty(target.shape)
+        for idx in np.ndindex(target.shape):
+            slope[idx] = np.interp(tau[idx], taus_a, np.gradient(curves[(slice(None),) + idx], taus_a))
+        prev = None
         for _ in range(refine):
-            got = np.asarray(self.value(tau if tau.ndim == 2 else tau.astype(np.float32), length, mode, granularity))
+            got = np.asarray(self.value(tau, length, mode, granularity))
             history.append(float(np.abs(got - target).mean()))
-            slope = np.empty(target.shape)
-            for idx in np.ndindex(target.shape):
-                slope[idx] = np.interp(tau[idx], taus_a, np.gradient(curves[(slice(None),) + idx], taus_a))
-            step = np.where(np.abs(slope) > 1e-9, (target - got) / np.where(slope == 0, 1, slope), 0.0)
-            tau = np.clip(tau + np.clip(step, -0.1, 0.1), 0.1, 2.0)
+            if prev is not None:
+                d_tau, d_got = tau - prev[0], got - prev[1]
+                ok = np.abs(d_tau) > 1e-7
+                slope = np.where(ok & (np.abs(d_got) > 0), d_got / np.where(ok, d_tau, 1), slope)
+            prev = (tau.copy(), got)
+            step = np.where(np.abs(slope) > 1e-12, (target - got) / np.where(slope == 0, 1, slope), 0.0)
+            tau = np.clip(tau + np.clip(step, -0.2, 0.2), 0.1, 2.0)
         got = np.asarray(self.value(tau, length, mode, granularity))
         history.append(float(np.abs(got - target).mean()))
         return {"tau": tau, "bracketed": bracketed, "mean_abs_error": history}

@@ -17,7 +17,7 @@ fix; nothing falls back to vanilla attention silently.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -52,6 +52,8 @@ class ResolvedAttention:
     rollback: int  # keys stay this many tokens past the window (prompt-prefix reuse)
     temperature: np.ndarray  # float32 [n_layer, n_head]
     log_length: int  # 0 = no schedule
+    points_lengths: Tuple[int, ...] = ()  # schedule by points: tau also times the value interpolated in log length
+    points_tau: np.ndarray = None  # float32 [n_points, n_layer, n_head]
 
     @property
     def lambda_mask(self) -> bool:
@@ -59,7 +61,7 @@ class ResolvedAttention:
 
     @property
     def temperature_on(self) -> bool:
-        return self.log_length > 0 or bool(np.any(self.temperature != 1.0))
+        return self.log_length > 0 or bool(self.points_lengths) or bool(np.any(self.temperature != 1.0))
 
     def kv_overrides(self, architecture: str) -> dict:
         """GGUF metadata overrides (llama-cpp-python's kv_overrides, llama.cpp's --override-kv)."""
@@ -109,7 +111,11 @@ class AttentionConfig:
 
     ``temperature`` is one number, one per layer, or an (n_layer, n_head)
     array; ``temperature_schedule="log-length"`` multiplies it by
-    log L / log max(p + 1, L) with L = ``log_length`` (default L_pre).
+    log L / log max(p + 1, L) with L = ``log_length`` (default L_pre);
+    ``temperature_schedule="points"`` multiplies it by the value interpolated
+    linearly in log(p + 1) between ``temperature_points`` ((L_1, tau_1), ...),
+    held at the end values outside them (a calibration profile, see
+    ``from_profile``).
     """
 
     sinks: int = DEFAULT_SINKS
@@ -119,6 +125,7 @@ class AttentionConfig:
     temperature: Temperature = 1.0
     temperature_schedule: Optional[str] = None
     log_length: Optional[int] = None
+    temperature_points: Optional[Tuple[Tuple[int, Temperature], ...]] = None
 
     def __post_init__(self) -> None:
         _check_count("sinks", self.sinks, allow_none=False)
@@ -131,10 +138,33 @@ class AttentionConfig:
                 f"sinks={self.sinks} with window=0: sink tokens only matter inside a Lambda mask; "
                 "set a window (or None for the model's length) or sinks=0"
             )
-        if self.temperature_schedule not in (None, "log-length"):
+        if self.temperature_schedule not in (None, "log-length", "points"):
             raise ValueError(
-                f"temperature_schedule={self.temperature_schedule!r}: use None or 'log-length'"
+                f"temperature_schedule={self.temperature_schedule!r}: use None, 'log-length' or 'points'"
             )
+        if (self.temperature_schedule == "points") != (self.temperature_points is not None):
+            raise ValueError(
+                "temperature_points and temperature_schedule='points' go together: give both or neither "
+                f"(got schedule={self.temperature_schedule!r}, points={self.temperature_points!r})"
+            )
+        if self.temperature_points is not None:
+            pts = tuple(self.temperature_points)
+            if not pts:
+                raise ValueError("temperature_points is empty: give at least one (length, tau) pair")
+            last = 0
+            for item in pts:
+                if not isinstance(item, (tuple, list)) or len(item) != 2:
+                    raise TypeError(f"temperature_points item {item!r} must be a (length, tau) pair")
+                length, tau_k = item
+                _check_count("temperature_points length", length, allow_none=False)
+                if length <= last:
+                    raise ValueError(f"temperature_points lengths must increase from 1: {length} after {last}")
+                last = length
+                t = np.asarray(tau_k, dtype=np.float64)
+                if t.ndim > 2 or t.size == 0 or np.any(~np.isfinite(t) | (t <= 0)):
+                    raise ValueError(f"temperature_points tau at length {length} is {tau_k!r}: every value must be "
+                                     "a finite number > 0 (one, per layer, or per layer and head)")
+            object.__setattr__(self, "temperature_points", pts)
         if self.log_length is not None and self.temperature_schedule is None:
             raise ValueError(f"log_length={self.log_length} needs temperature_schedule='log-length'")
         if self.log_length is not None and self.log_length < 2:
@@ -169,8 +199,33 @@ class AttentionConfig:
         return cls(sinks=0, window=0, ceiling=ceiling)
 
     def with_temperature(self, temperature: Temperature, schedule: Optional[str] = None,
-                         log_length: Optional[int] = None) -> "AttentionConfig":
-        return replace(self, temperature=temperature, temperature_schedule=schedule, log_length=log_length)
+                         log_length: Optional[int] = None,
+                         points: Optional[Sequence[Tuple[int, Temperature]]] = None) -> "AttentionConfig":
+        return replace(self, temperature=temperature, temperature_schedule=schedule, log_length=log_length,
+                       temperature_points=None if points is None else tuple(points))
+
+    @classmethod
+    def from_profile(cls, profile, *, model_path=None, length: Optional[int] = None, mode: str = "pmax",
+                     granularity: str = "global", **fields) -> "AttentionConfig":
+        """Temperatures from a calibration profile (``llama-extrapolate calibrate``).
+
+        With ``length``: the tau the profile gives for inputs of that length (interpolated in log length).
+        Without: a schedule tau(p) through the profile's points, so a stream is sharpened as it grows.
+        ``model_path`` checks that the profile was made for that model file. Other fields (sinks, window,
+        ...) pass through; the default is full attention, which is what the profile was calibrated on.
+        """
+        from .profile import CalibrationProfile
+
+        if not isinstance(profile, CalibrationProfile):
+            profile = CalibrationProfile.load(profile)
+        if model_path is not None:
+            profile.check_model(model_path)
+        fields.setdefault("sinks", 0)
+        fields.setdefault("window", 0)
+        fields.setdefault("ceiling", 0)
+        if length is not None:
+            return cls(temperature=profile.temperature(length, mode, granularity), **fields)
+        return cls(temperature_schedule="points", temperature_points=profile.points(mode, granularity), **fields)
 
     # --- resolution against a model ---------------------------------------------------------
     def resolve(self, info: "ModelInfo") -> ResolvedAttention:
@@ -207,7 +262,27 @@ class AttentionConfig:
         log_length = 0
         if self.temperature_schedule == "log-length":
             log_length = l_pre if self.log_length is None else int(self.log_length)
+        lengths: Tuple[int, ...] = ()
+        points_tau = np.zeros((0, n_layer, n_head), dtype=np.float32)
+        if self.temperature_points is not None:
+            lengths = tuple(int(L) for L, _ in self.temperature_points)
+            points_tau = np.stack([_per_unit(t, n_layer, n_head, f"temperature_points tau at length {L}")
+                                   for L, t in self.temperature_points])
         resolved = ResolvedAttention(sinks=sinks, window=window, ceiling=ceiling, rollback=rollback,
                                      temperature=np.ascontiguousarray(tau, dtype=np.float32),
-                                     log_length=log_length)
+                                     log_length=log_length, points_lengths=lengths,
+                                     points_tau=np.ascontiguousarray(points_tau, dtype=np.float32))
         return resolved
+
+
+def _per_unit(tau: Temperature, n_layer: int, n_head: int, what: str) -> np.ndarray:
+    """tau as [n_layer, n_head] from one value, one per layer, or [n_layer, n_head]."""
+    t = np.asarray(tau, dtype=np.float32)
+    if t.ndim == 0:
+        return np.full((n_layer, n_head), float(t), dtype=np.float32)
+    if t.ndim == 1 and t.shape[0] == n_layer:
+        return np.repeat(t[:, None], n_head, axis=1)
+    if t.shape == (n_layer, n_head):
+        return t
+    raise ValueError(f"{what} has shape {t.shape}: use one value, n_layer={n_layer} values, or "
+                     f"(n_layer, n_head)=({n_layer}, {n_head})")

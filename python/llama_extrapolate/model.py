@@ -67,8 +67,8 @@ class Llama(llama_cpp.Llama):
                 loaded["temperature_log_length"]) != (expected.sinks, expected.window, expected.ceiling,
                                                       expected.rollback, expected.log_length):
             raise RuntimeError(f"the library was loaded with {loaded}, not with {expected}: the overrides did not apply")
-        # per-layer / per-head values (metadata carries only one number) go through the C API
-        self._apply_temperature(expected.temperature, expected.log_length)
+        # per-layer / per-head values and points (metadata carries only one number) go through the C API
+        self._apply_temperature(expected)
 
         # with a window the cache is bounded, so a stream may be as long as the caller likes: the token
         # history keeps the recent ids only, and llama-cpp-python's context-window checks
@@ -102,19 +102,24 @@ class Llama(llama_cpp.Llama):
                                  f"{r.ceiling}): distances above 2048 are not exact in the f16 mask; use "
                                  "flash_attn=False")
 
-    def _apply_temperature(self, tau: np.ndarray, log_length: int) -> None:
-        _core.set_temperature(context_address(self), np.ascontiguousarray(tau, dtype=np.float32).ravel(),
-                              int(log_length))
-        got, got_log_length = _core.get_temperature(context_address(self))
-        if not np.array_equal(got, tau) or got_log_length != log_length:
+    def _apply_temperature(self, r: ResolvedAttention) -> None:
+        ctx = context_address(self)
+        _core.set_temperature(ctx, np.ascontiguousarray(r.temperature, dtype=np.float32).ravel(), int(r.log_length))
+        _core.set_temperature_points(ctx, np.asarray(r.points_lengths, dtype=np.uint32),
+                                     np.ascontiguousarray(r.points_tau, dtype=np.float32).ravel())
+        got, got_log_length = _core.get_temperature(ctx)
+        got_lengths, got_points = _core.get_temperature_points(ctx)
+        if (not np.array_equal(got, r.temperature) or got_log_length != r.log_length
+                or tuple(int(x) for x in got_lengths) != r.points_lengths
+                or not np.array_equal(got_points, r.points_tau)):
             raise RuntimeError("the library did not take the temperature that was set")
 
     def set_temperature(self, temperature: Temperature = 1.0, schedule: Optional[str] = None,
-                        log_length: Optional[int] = None) -> None:
+                        log_length: Optional[int] = None, points=None) -> None:
         """Change the softmax temperature between decodes (no reload; calibration tries many values)."""
-        config = self.attention.with_temperature(temperature, schedule, log_length)
+        config = self.attention.with_temperature(temperature, schedule, log_length, points)
         resolved = config.resolve(self.model_info)
-        self._apply_temperature(resolved.temperature, resolved.log_length)
+        self._apply_temperature(resolved)
         self.attention, self.attention_resolved = config, resolved
 
     def get_temperature(self) -> tuple:
