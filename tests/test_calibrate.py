@@ -5,7 +5,6 @@ in closed form, and end to end on a tiny model against the numpy oracle
 (statistics from the softmax written out in full).
 """
 
-import json
 import math
 
 import numpy as np
