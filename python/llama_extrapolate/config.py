@@ -205,6 +205,25 @@ class AttentionConfig:
                        temperature_points=None if points is None else tuple(points))
 
     @classmethod
+    def from_model(cls, info: "ModelInfo", **overrides) -> "AttentionConfig":
+        """LM-Infinite with the settings a GGUF carries in its metadata (written in, or via kv_overrides),
+        the defaults where it carries none; ``overrides`` win over both."""
+        meta = dict(info.attention_metadata)
+        fields = {}
+        for name in ("sinks", "window", "ceiling", "rollback"):
+            if name in meta:
+                fields[name] = int(meta[name])
+        if "temperature" in meta:
+            fields["temperature"] = float(meta["temperature"])
+        if int(meta.get("log_length", 0)) > 0:
+            fields["temperature_schedule"] = "log-length"
+            fields["log_length"] = int(meta["log_length"])
+        if fields.get("window") == 0 and "sinks" not in overrides:
+            fields["sinks"] = 0
+        fields.update(overrides)
+        return cls(**fields)
+
+    @classmethod
     def from_profile(cls, profile, *, model_path=None, length: Optional[int] = None, mode: str = "pmax",
                      granularity: str = "global", **fields) -> "AttentionConfig":
         """Temperatures from a calibration profile (``llama-extrapolate calibrate``).

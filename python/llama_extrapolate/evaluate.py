@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import llama_cpp
 import numpy as np
@@ -27,6 +27,9 @@ class NLLResult:
         out = []
         for start in range(0, len(self.nll), size):
             part = self.nll[start:start + size]
+            part = part[np.isfinite(part)]
+            if len(part) == 0:
+                break
             mean = float(part.mean())
             out.append({"start": start + 1, "end": start + len(part), "nll": mean, "ppl": float(np.exp(mean))})
         return out
@@ -40,8 +43,15 @@ def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optional[int] = None,
-                  progress: bool = True, desc: str = "nll") -> NLLResult:
-    """NLL of every token of `tokens` after the first, decoding `n_batch` tokens at a time from position 0."""
+                  progress: bool = True, desc: str = "nll", context_shift: Optional[int] = None,
+                  on_chunk: Optional[Callable[[np.ndarray, int], None]] = None) -> NLLResult:
+    """NLL of every token of `tokens` after the first, decoding `n_batch` tokens at a time from position 0.
+
+    ``context_shift=n_keep``: llama.cpp's context shift (the StreamingLLM-like baseline of llama-cli):
+    when the next chunk does not fit the cache, the oldest half of the tokens after the first n_keep is
+    removed and the rest moved back (llama_memory_seq_rm + llama_memory_seq_add, keys re-rotated).
+    ``on_chunk(nll, n_done)`` is called after each chunk (partial results for long runs).
+    """
     tokens = np.asarray(tokens, dtype=np.int32)
     if tokens.ndim != 1 or len(tokens) < 2:
         raise ValueError(f"need at least 2 tokens to score, got {len(tokens)}")
@@ -51,39 +61,238 @@ def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optio
     n_batch = llm.n_batch if n_batch is None else int(n_batch)
     if n_batch <= 0 or n_batch > llm.n_batch:
         raise ValueError(f"n_batch={n_batch} must be in 1..{llm.n_batch} (the context's n_batch)")
+    n_cells = llama_cpp.llama_n_ctx(llm.ctx)
+    if context_shift is not None and not 0 <= context_shift < n_cells - 2 * n_batch:
+        raise ValueError(f"context_shift={context_shift} (n_keep) must be in 0..{n_cells - 2 * n_batch - 1}: the cache "
+                         f"of {n_cells} cells must hold n_keep plus two chunks of {n_batch}")
 
     llm.reset()
-    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+    mem = llama_cpp.llama_get_memory(llm.ctx)
+    llama_cpp.llama_memory_clear(mem, True)
     batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-    nll = np.empty(len(tokens) - 1, dtype=np.float64)
+    nll = np.full(len(tokens) - 1, np.nan, dtype=np.float64)
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(tokens), desc=desc, unit="tok")
     t0 = time.perf_counter()
+    n_past = 0
     try:
         for start in range(0, len(tokens), n_batch):
             chunk = tokens[start:start + n_batch]
             n = len(chunk)
+            if context_shift is not None and n_past + n > n_cells:
+                n_keep = context_shift
+                n_discard = (n_past - n_keep) // 2
+                llama_cpp.llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard)
+                llama_cpp.llama_memory_seq_add(mem, 0, n_keep + n_discard, n_past, -n_discard)
+                n_past -= n_discard
             batch.n_tokens = n
             for i in range(n):
                 batch.token[i] = int(chunk[i])
-                batch.pos[i] = start + i
+                batch.pos[i] = n_past + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = True
             rc = llama_cpp.llama_decode(llm.ctx, batch)
             if rc != 0:
-                raise RuntimeError(f"llama_decode returned {rc} at token {start} (the KV cache is full or the "
-                                   "decode was aborted): raise n_ctx or use a Lambda window")
+                raise RuntimeError(f"llama_decode returned {rc} at token {start} (the KV cache of {n_cells} cells is "
+                                   "full or the decode was aborted): raise n_ctx, use a Lambda window or a context "
+                                   "shift")
+            n_past += n
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(n, n_vocab))
             targets = tokens[start + 1:start + n + 1]
             nll[start:start + len(targets)] = _log_softmax_at(logits[: len(targets)], targets)
             if bar is not None:
                 bar.update(n)
+            if on_chunk is not None:
+                on_chunk(nll, start + n)
     finally:
         llama_cpp.llama_batch_free(batch)
         if bar is not None:
             bar.close()
     return NLLResult(nll=nll, seconds=time.perf_counter() - t0)
+
+
+# --- comparing configurations on the same tokens (``llama-extrapolate nll``) -----------------------
+BASELINES = ("lambda", "vanilla", "context-shift", "window-only", "lambda-only", "ceiling-only", "log-length")
+
+
+@dataclass
+class EvalSetup:
+    """How one named configuration reads a stream: attention, cache size, context shift."""
+
+    name: str
+    attention: object  # AttentionConfig
+    n_ctx: int
+    context_shift: Optional[int] = None
+
+    def describe(self) -> dict:
+        a = self.attention
+        return {"sinks": a.sinks, "window": a.window, "ceiling": a.ceiling, "temperature": np.asarray(a.temperature).tolist(),
+                "temperature_schedule": a.temperature_schedule, "log_length": a.log_length,
+                "temperature_points": [[L, np.asarray(t).tolist()] for L, t in (a.temperature_points or ())],
+                "n_ctx": self.n_ctx, "context_shift_n_keep": self.context_shift}
+
+
+def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[int] = None,
+              sinks: Optional[int] = None, n_keep: int = 4) -> EvalSetup:
+    """The configuration called ``name`` for this model and a stream of ``n_tokens`` tokens.
+
+    lambda: LM-Infinite (S sinks, window W, ceiling C = W); vanilla: full attention, a cache for the whole
+    stream; context-shift: llama.cpp's context shift over a cache of L_pre cells keeping n_keep tokens;
+    window-only: W without sinks or ceiling; lambda-only: Lambda mask without ceiling; ceiling-only: full
+    attention with distances capped at L_pre; log-length: full attention with tau(p) = log L_pre /
+    log max(p + 1, L_pre); profile=PATH: full attention with a calibration profile's schedule.
+    """
+    from .config import DEFAULT_SINKS, AttentionConfig
+
+    l_pre = int(info.context_length)
+    w = l_pre if window is None else int(window)
+    s = DEFAULT_SINKS if sinks is None else int(sinks)
+    full = n_tokens + n_batch
+    if name.startswith("profile="):
+        from .profile import CalibrationProfile
+
+        prof = CalibrationProfile.load(name.split("=", 1)[1])
+        prof.check_model(info.path)
+        cfg = AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="points",
+                              temperature_points=prof.points("pmax", "global"))
+        return EvalSetup(name, cfg, full)
+    # a stream read once never steps back, so no rollback margin: the cache is S + W + n_batch
+    if name == "lambda":
+        cfg = AttentionConfig(sinks=s, window=w, ceiling=w, rollback=0)
+    elif name == "vanilla":
+        return EvalSetup(name, AttentionConfig.vanilla(), full)
+    elif name == "context-shift":
+        return EvalSetup(name, AttentionConfig.vanilla(), l_pre, context_shift=n_keep)
+    elif name == "window-only":
+        cfg = AttentionConfig(sinks=0, window=w, ceiling=0, rollback=0)
+    elif name == "lambda-only":
+        cfg = AttentionConfig(sinks=s, window=w, ceiling=0, rollback=0)
+    elif name == "ceiling-only":
+        return EvalSetup(name, AttentionConfig.ceiling_only(w), full)
+    elif name == "log-length":
+        return EvalSetup(name, AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="log-length"), full)
+    else:
+        raise ValueError(f"configuration {name!r}: use one of {', '.join(BASELINES)} or profile=PATH")
+    resolved = cfg.resolve(info)
+    return EvalSetup(name, cfg, resolved.required_n_ctx(n_batch, stream=n_tokens))
+
+
+def peak_rss_reset() -> bool:
+    """Reset the kernel's peak-RSS mark of this process (Linux), so each configuration reports its own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_path, *, bucket: int = 1024,
+                n_batch: int = 512, threads: Optional[int] = None, window: Optional[int] = None,
+                sinks: Optional[int] = None, meta: Optional[dict] = None, progress: bool = True) -> dict:
+    """Streaming NLL of each configuration over the same tokens, written to ``out_path`` as it goes.
+
+    The JSON is rewritten after every chunk (atomically), so an interrupted run leaves a valid file;
+    a rerun with the same model and tokens skips the configurations already complete.
+    """
+    import hashlib
+    import json
+    import os
+    from pathlib import Path
+
+    from .model import Llama
+    from .modelinfo import read_model_info
+
+    tokens = np.asarray(tokens, dtype=np.int32)
+    info = read_model_info(model)
+    out_path = Path(out_path)
+    digest = hashlib.sha256(tokens.tobytes()).hexdigest()
+    results = {}
+    if out_path.exists():
+        try:
+            old = json.loads(out_path.read_text())
+        except json.JSONDecodeError:
+            old = {}
+        if old.get("tokens_sha256") == digest and old.get("model") == Path(model).name and old.get("bucket") == bucket:
+            results = old
+    results.update({"model": Path(model).name, "tokens": int(len(tokens)), "tokens_sha256": digest,
+                    "bucket": bucket, "n_batch": n_batch, "threads": threads, **(meta or {})})
+    results.setdefault("configs", {})
+
+    def save() -> None:
+        tmp = out_path.with_suffix(out_path.suffix + ".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        os.replace(tmp, out_path)
+
+    setups = [setup_for(n, info, len(tokens), n_batch, window=window, sinks=sinks) for n in names]
+    for st in setups:
+        if results["configs"].get(st.name, {}).get("complete"):
+            continue
+        entry = {"config": st.describe(), "complete": False}
+        results["configs"][st.name] = entry
+        peak_rss_reset()
+        llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                    n_threads=threads, verbose=False)
+        t0 = time.perf_counter()
+        last = [0.0]
+
+        def on_chunk(nll: np.ndarray, done: int) -> None:
+            now = time.perf_counter()
+            if now - last[0] < 5 and done < len(tokens):
+                return
+            last[0] = now
+            part = NLLResult(nll=nll[: done - 1], seconds=now - t0)
+            entry.update(tokens_done=done, seconds=now - t0, buckets=part.bucketize(bucket))
+            save()
+
+        try:
+            r = streaming_nll(llm, tokens, n_batch=n_batch, progress=progress, desc=st.name,
+                              context_shift=st.context_shift, on_chunk=on_chunk)
+        finally:
+            llm.close()
+        entry.update(buckets=r.bucketize(bucket), tokens_done=int(len(tokens)), seconds=r.seconds,
+                     tokens_per_second=len(tokens) / r.seconds, peak_rss_bytes=peak_rss_bytes(),
+                     mean_nll=float(np.nanmean(r.nll)), complete=True)
+        save()
+    return results
+
+
+def plot_nll(results: dict, path, title: Optional[str] = None) -> None:
+    """One NLL-by-position curve per configuration (like LM-Infinite's Figures 3 and 5)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, entry in results.get("configs", {}).items():
+        b = entry.get("buckets") or []
+        if b:
+            ax.plot([x["end"] for x in b], [x["nll"] for x in b], marker=".", label=name)
+    ax.set_xlabel("token position")
+    ax.set_ylabel(f"NLL (mean over {results.get('bucket', '?')}-token buckets)")
+    ax.set_title(title or f"{results.get('model', '')}: {results.get('text', '')}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -42,6 +42,9 @@ class ModelInfo:
     alibi_max_bias: Optional[float]
     sliding_window: Optional[int]
     file_size: int
+    # llama-extrapolate keys written into the file (sink_count, window, ceiling, rollback,
+    # softmax_temperature, log_length), so a prepared GGUF carries its own attention settings
+    attention_metadata: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -141,4 +144,12 @@ def read_model_info(path: Union[str, os.PathLike]) -> ModelInfo:
         alibi_max_bias=float(alibi) if alibi is not None else None,
         sliding_window=get(f"{arch}.attention.sliding_window"),
         file_size=path.stat().st_size,
+        attention_metadata={name: get(key) for name, key in _attention_keys(arch).items() if get(key) is not None},
     )
+
+
+def _attention_keys(arch: str) -> dict:
+    a = f"{arch}.attention"
+    return {"sinks": f"{a}.lambda.sink_count", "window": f"{a}.lambda.window", "ceiling": f"{a}.lambda.ceiling",
+            "rollback": f"{a}.lambda.rollback", "temperature": f"{a}.softmax_temperature",
+            "log_length": f"{a}.softmax_temperature.log_length"}

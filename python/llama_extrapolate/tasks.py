@@ -1,0 +1,288 @@
+"""Retrieval tasks over long inputs: passkey (Mohtashami & Jaggi) and a RULER-style needle in essays.
+
+Passkey: a number hidden at a chosen depth in repeated filler ("The grass is
+green. ..."), asked for at the end. Needle: "One of the special magic numbers
+for <word> is: <number>." placed at a sentence boundary in real essay text.
+Both are scored by greedy decoding: correct when the first number generated
+is the hidden one. Every configuration reads the same prompts (same seed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import llama_cpp
+import numpy as np
+
+PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+                 "I will quiz you about the important information there.")
+PASSKEY_FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+PASSKEY_LINE = " The pass key is {key}. Remember it. {key} is the pass key."
+PASSKEY_QUESTION = " What is the pass key? The pass key is"
+
+NEEDLE_LINE = " One of the special magic numbers for {word} is: {key}."
+NEEDLE_QUESTION = ("\n\nWhat is the special magic number for {word} mentioned in the provided text? "
+                   "The special magic number for {word} mentioned in the provided text is")
+NEEDLE_WORDS = ("amber-falcon", "quiet-harbor", "silver-orchard", "northern-lantern", "velvet-canyon",
+                "copper-meadow", "hollow-summit", "crimson-tide", "lucky-pebble", "distant-willow")
+
+TASKS = ("passkey", "needle")
+
+
+@dataclass
+class Prompt:
+    tokens: List[int]
+    key: str
+    depth: float
+    length: int
+
+
+def _first_number(text: str) -> Optional[str]:
+    m = re.search(r"\d+", text)
+    return m.group(0) if m else None
+
+
+def passkey_prompt(tokenize: Callable[[str, bool], List[int]], length: int, depth: float,
+                   rng: np.random.Generator) -> Prompt:
+    """A passkey prompt of about ``length`` tokens with the key at fractional ``depth`` of the filler."""
+    key = str(int(rng.integers(10000, 100000)))
+    n_fixed = len(tokenize(PASSKEY_INTRO + PASSKEY_LINE.format(key=key) + PASSKEY_QUESTION, True))
+    n_rep = len(tokenize(PASSKEY_FILLER * 20, False)) / 20
+    n_filler = max(0, int((length - n_fixed) / n_rep))
+    before = int(round(depth * n_filler))
+    text = (PASSKEY_INTRO + PASSKEY_FILLER * before + PASSKEY_LINE.format(key=key)
+            + PASSKEY_FILLER * (n_filler - before) + PASSKEY_QUESTION)
+    return Prompt(tokenize(text, True), key, depth, length)
+
+
+def needle_prompt(tokenize: Callable[[str, bool], List[int]], haystack: str, length: int, depth: float,
+                  rng: np.random.Generator) -> Prompt:
+    """The essays cut to about ``length`` tokens with a magic number at the sentence boundary nearest ``depth``."""
+    key = str(int(rng.integers(1_000_000, 10_000_000)))
+    word = NEEDLE_WORDS[int(rng.integers(len(NEEDLE_WORDS)))]
+    needle, question = NEEDLE_LINE.format(word=word, key=key), NEEDLE_QUESTION.format(word=word)
+    budget = length - len(tokenize(needle + question, True))
+    if budget <= 0:
+        raise ValueError(f"length={length} leaves no room for the essay text: use a length above "
+                         f"{length - budget}")
+    # characters per token of this text, then trim to the budget exactly
+    sample = haystack[: 8 * budget + 1000]
+    ids = tokenize(sample, False)
+    if len(ids) < budget:
+        raise ValueError(f"the haystack has {len(ids)} tokens, fewer than the {budget} needed for length={length}")
+    text = llama_detok(tokenize, ids[:budget], sample)
+    cut = int(depth * len(text))
+    ends = [m.end() for m in re.finditer(r"[.!?]\s", text)]
+    at = min(ends, key=lambda e: abs(e - cut)) if ends and 0 < depth < 1 else (0 if depth <= 0 else len(text))
+    full = text[:at] + needle + " " + text[at:] + question
+    return Prompt(tokenize(full, True), key, depth, length)
+
+
+def llama_detok(tokenize, ids, sample: str) -> str:
+    """The prefix of ``sample`` that tokenizes to about len(ids) tokens (binary search on characters)."""
+    lo, hi = 0, len(sample)
+    n = len(ids)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(tokenize(sample[:mid], False)) <= n:
+            lo = mid
+        else:
+            hi = mid - 1
+    return sample[:lo]
+
+
+class _Stream:
+    """Greedy decoding of one prompt on a raw llama context, with llama.cpp's context shift when asked."""
+
+    def __init__(self, llm, n_batch: int, context_shift: Optional[int]):
+        self.llm, self.n_batch, self.context_shift = llm, n_batch, context_shift
+        self.ctx = llm.ctx
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.cells = llama_cpp.llama_n_ctx(self.ctx)
+        self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self.n_past = 0
+
+    def close(self) -> None:
+        llama_cpp.llama_batch_free(self.batch)
+
+    def reset(self) -> None:
+        self.llm.reset()
+        llama_cpp.llama_memory_clear(self.mem, True)
+        self.n_past = 0
+
+    def feed(self, tokens: Sequence[int]) -> np.ndarray:
+        """Decode ``tokens``; the logits of the last one."""
+        for s in range(0, len(tokens), self.n_batch):
+            chunk = tokens[s:s + self.n_batch]
+            n = len(chunk)
+            if self.context_shift is not None and self.n_past + n > self.cells:
+                keep = self.context_shift
+                discard = (self.n_past - keep) // 2
+                llama_cpp.llama_memory_seq_rm(self.mem, 0, keep, keep + discard)
+                llama_cpp.llama_memory_seq_add(self.mem, 0, keep + discard, self.n_past, -discard)
+                self.n_past -= discard
+            b = self.batch
+            b.n_tokens = n
+            for i, t in enumerate(chunk):
+                b.token[i], b.pos[i], b.n_seq_id[i] = int(t), self.n_past + i, 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = i == n - 1
+            rc = llama_cpp.llama_decode(self.ctx, b)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}: the cache of {self.cells} cells is full")
+            self.n_past += n
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.llm.n_vocab(),))
+
+    def greedy(self, prompt: Sequence[int], n_new: int) -> List[int]:
+        self.reset()
+        logits = self.feed(prompt)
+        out = []
+        eos = self.llm.token_eos()
+        for _ in range(n_new):
+            t = int(np.argmax(logits))
+            if t == eos:
+                break
+            out.append(t)
+            logits = self.feed([t])
+        return out
+
+
+def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequence[int], depths: Sequence[float],
+                  trials: int, seed: int, out_path, *, n_batch: int = 512, threads: Optional[int] = None,
+                  window: Optional[int] = None, sinks: Optional[int] = None, n_new: int = 10,
+                  progress: bool = True) -> dict:
+    """Accuracy by configuration, length and depth; each trial is written to ``out_path`` as it finishes and a
+    rerun with the same settings skips the trials already there."""
+    from .corpora import paul_graham_essays
+    from .evaluate import setup_for
+    from .model import Llama
+    from .modelinfo import read_model_info
+
+    if task not in TASKS:
+        raise ValueError(f"task {task!r}: use 'passkey' or 'needle'")
+    if trials < 1:
+        raise ValueError(f"trials={trials} must be >= 1")
+    bad = [d for d in depths if not 0.0 <= d <= 1.0]
+    if bad:
+        raise ValueError(f"depth {bad[0]} must be in [0, 1] (0 = start of the text, 1 = end)")
+    bad = [L for L in lengths if L < 64]
+    if bad:
+        raise ValueError(f"length {bad[0]} is too short: use 64 tokens or more")
+    info = read_model_info(model)
+    out_path = Path(out_path)
+    settings = {"task": task, "seed": seed, "model": Path(model).name, "n_new": n_new}
+    results = {}
+    if out_path.exists():
+        try:
+            old = json.loads(out_path.read_text())
+            if all(old.get(k) == v for k, v in settings.items()):
+                results = old
+        except json.JSONDecodeError:
+            pass
+    results.update(settings)
+    results.setdefault("trials", [])
+    done = {(t["config"], t["length"], t["depth"], t["trial"]) for t in results["trials"]}
+
+    def save() -> None:
+        results["accuracy"] = accuracy_table(results["trials"])
+        tmp = out_path.with_suffix(out_path.suffix + ".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        os.replace(tmp, out_path)
+
+    vocab = llama_cpp.Llama(model, n_ctx=64, vocab_only=True, verbose=False)
+    haystack = paul_graham_essays() if task == "needle" else ""
+
+    def tokenize(text: str, bos: bool) -> List[int]:
+        return vocab.tokenize(text.encode("utf-8"), add_bos=bos)
+
+    prompts: Dict[tuple, Prompt] = {}
+    for L in lengths:
+        for d in depths:
+            for k in range(trials):
+                rng = np.random.default_rng([seed, L, int(round(d * 1000)), k])
+                prompts[(L, d, k)] = (passkey_prompt(tokenize, L, d, rng) if task == "passkey"
+                                      else needle_prompt(tokenize, haystack, L, d, rng))
+    vocab.close()
+
+    total = len(configs) * len(prompts)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc=task, unit="trial", initial=sum(1 for x in done if x[0] in configs))
+    try:
+        for name in configs:
+            todo = [(k, p) for k, p in prompts.items() if (name, k[0], k[1], k[2]) not in done]
+            if not todo:
+                continue
+            longest = max(len(p.tokens) for p in prompts.values()) + n_new
+            st = setup_for(name, info, longest, n_batch, window=window, sinks=sinks)
+            llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                        n_threads=threads, verbose=False)
+            stream = _Stream(llm, n_batch, st.context_shift)
+            try:
+                for (L, d, k), p in todo:
+                    t0 = time.perf_counter()
+                    out = stream.greedy(p.tokens, n_new)
+                    text = llm.detokenize(out).decode("utf-8", errors="replace")
+                    got = _first_number(text)
+                    results["trials"].append({"config": name, "length": L, "depth": d, "trial": k,
+                                              "tokens": len(p.tokens), "key": p.key, "answer": text.strip(),
+                                              "correct": got == p.key, "seconds": time.perf_counter() - t0})
+                    save()
+                    if bar is not None:
+                        bar.update(1)
+            finally:
+                stream.close()
+                llm.close()
+    finally:
+        if bar is not None:
+            bar.close()
+    save()
+    return results
+
+
+def accuracy_table(trials: List[dict]) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """{config: {length: {depth: fraction correct}}}."""
+    acc: Dict[str, Dict[str, Dict[str, List[bool]]]] = {}
+    for t in trials:
+        acc.setdefault(t["config"], {}).setdefault(str(t["length"]), {}).setdefault(str(t["depth"]), []).append(
+            bool(t["correct"]))
+    return {c: {L: {d: float(np.mean(v)) for d, v in ds.items()} for L, ds in ls.items()} for c, ls in acc.items()}
+
+
+def plot_accuracy(results: dict, path) -> None:
+    """One heatmap per configuration: accuracy by length (columns) and depth (rows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    acc = results.get("accuracy") or accuracy_table(results.get("trials", []))
+    names = list(acc)
+    if not names:
+        return
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        lengths = sorted(acc[name], key=int)
+        depths = sorted({d for L in lengths for d in acc[name][L]}, key=float)
+        grid = np.array([[acc[name][L].get(d, np.nan) for L in lengths] for d in depths])
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
+        ax.set_xticks(range(len(lengths)), [f"{int(L) // 1024}k" if int(L) >= 1024 else L for L in lengths])
+        ax.set_yticks(range(len(depths)), depths)
+        for i in range(len(depths)):
+            for j in range(len(lengths)):
+                if np.isfinite(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
+        ax.set_xlabel("length (tokens)")
+        ax.set_ylabel("depth")
+        ax.set_title(f"{results.get('task', '')}: {name}")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)

@@ -1,0 +1,97 @@
+"""``llama-extrapolate passkey``: prompts of the asked length with the key at the asked depth, scoring,
+resumable JSON, heatmap, bad input. A tiny random model cannot find a key; the mechanics are what is
+checked here (bench/ holds the accuracy of the real model)."""
+
+import json
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def smol_tokenize(default_model):
+    import llama_cpp
+
+    import llama_extrapolate  # noqa: F401  (the patched library)
+
+    vocab = llama_cpp.Llama(str(default_model), n_ctx=64, vocab_only=True, verbose=False)
+    yield lambda text, bos: vocab.tokenize(text.encode("utf-8"), add_bos=bos)
+    vocab.close()
+
+
+@pytest.mark.parametrize("length", [512, 2048])
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_passkey_prompt_has_the_length_and_depth(smol_tokenize, length, depth):
+    from llama_extrapolate import tasks
+
+    p = tasks.passkey_prompt(smol_tokenize, length, depth, np.random.default_rng(1))
+    assert length - 40 <= len(p.tokens) <= length
+    text_ids = p.tokens
+    key_ids = smol_tokenize(" The pass key is " + p.key, False)
+    # locate the key line in the token stream and compare its relative position with the depth
+    for i in range(len(text_ids) - len(key_ids)):
+        if text_ids[i:i + len(key_ids)] == key_ids:
+            break
+    else:
+        raise AssertionError("the key line is not in the prompt")
+    assert abs(i / len(text_ids) - depth) < 0.08
+
+
+def test_needle_prompt_in_essays(smol_tokenize):
+    from llama_extrapolate import tasks
+    from llama_extrapolate.corpora import paul_graham_essays
+
+    hay = paul_graham_essays()
+    p = tasks.needle_prompt(smol_tokenize, hay, 1500, 0.5, np.random.default_rng(2))
+    assert 1400 <= len(p.tokens) <= 1520
+    with pytest.raises(ValueError, match="no room"):
+        tasks.needle_prompt(smol_tokenize, hay, 20, 0.5, np.random.default_rng(2))
+
+
+def test_first_number_scoring():
+    from llama_extrapolate.tasks import _first_number
+
+    assert _first_number(" 48213. Remember") == "48213"
+    assert _first_number("no digits") is None
+
+
+def test_passkey_run_is_resumable_and_plots(tmp_path, tiny_llama, monkeypatch):
+    from llama_extrapolate import cli, tasks
+
+    _, path = tiny_llama
+    out = tmp_path / "pk.json"
+    argv = ["passkey", "--model", str(path), "--lengths", "200,300", "--depths", "0,1", "--trials", "2",
+            "--configs", "lambda,vanilla,context-shift", "--window", "32", "--sinks", "4", "--n-batch", "32",
+            "--threads", "2", "--quiet", "--output", str(out)]
+    assert cli.main(argv) == 0
+    res = json.loads(out.read_text())
+    assert len(res["trials"]) == 3 * 2 * 2 * 2
+    assert set(res["accuracy"]) == {"lambda", "vanilla", "context-shift"}
+    for t in res["trials"]:
+        assert t["correct"] == (tasks._first_number(t["answer"]) == t["key"])
+    keys = {(t["length"], t["depth"], t["trial"]): t["key"] for t in res["trials"] if t["config"] == "lambda"}
+    assert keys == {(t["length"], t["depth"], t["trial"]): t["key"] for t in res["trials"] if t["config"] == "vanilla"}
+    assert out.with_suffix(".png").stat().st_size > 0
+
+    class Boom:
+        def __init__(self, *a, **k):
+            raise AssertionError("a finished trial was run again")
+
+    monkeypatch.setattr(tasks, "_Stream", Boom)
+    assert cli.main(argv) == 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--depths", "0.5,2"], "depth 2.0 must be in [0, 1]"),
+    (["--depths", "half"], "fractions in [0, 1]"),
+    (["--lengths", "10"], "too short"),
+    (["--trials", "0"], "trials=0"),
+    (["--configs", "nope"], "configuration 'nope'"),
+])
+def test_passkey_bad_input(tmp_path, tiny_llama, capsys, args, words):
+    from llama_extrapolate import cli
+
+    _, path = tiny_llama
+    base = ["passkey", "--model", str(path), "--lengths", "200", "--quiet", "--output", str(tmp_path / "x.json")]
+    assert cli.main(base + args) == 2
+    assert words in capsys.readouterr().err
