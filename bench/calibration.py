@@ -128,7 +128,8 @@ def main(argv=None) -> int:
             save()
     for mode in calibrate.MODES:
         if "per_layer" not in alg[mode]:
-            r = cal.per_unit(mode, max(lengths), "layer", refine=0, uniform=grid)
+            # interpolated from the uniform passes; no pass of its own (time)
+            r = cal.per_unit(mode, max(lengths), "layer", refine=0, uniform=grid, verify=False)
             alg[mode]["per_layer"] = {str(max(lengths)): {"tau": r["tau"].tolist(),
                                                           "mean_abs_error": r["mean_abs_error"]}}
             save()
@@ -152,27 +153,42 @@ def main(argv=None) -> int:
     nll_at("log-length", round(calibrate.log_length_tau(L_tr, L_ex), 4))
     for mode in calibrate.MODES:
         nll_at(f"{mode} (continuous)", round(alg[mode]["continuous"][str(L_ex)]["tau"], 4))
-        nll_at(f"{mode} (per layer)", np.asarray(alg[mode]["per_layer"][str(L_ex)]["tau"], dtype=np.float32))
     print("nll:", {k: v[f"nll_{span[0]}_{span[1]}"] for k, v in nll_table.items()}, flush=True)
 
-    # --- 4. Lambda + ceiling with and without the calibrated schedule -----------------------------
+    # --- 4. 32k tokens: schedules tau(p) through the calibrated points, full attention and Lambda + ceiling --
     if not args.skip_lambda:
-        lam = results.setdefault("lambda_ceiling", {})
-        points = [(L_tr, 1.0)] + [(L, alg["pmax"]["grid"][str(L)]["tau"]) for L in lengths]
-        points[-1] = (L_ex, alg["pmax"]["continuous"][str(L_ex)]["tau"])
-        for name, cfg in [("tau=1", AttentionConfig()),
-                          ("pmax schedule", AttentionConfig(temperature_schedule="points",
-                                                            temperature_points=tuple(points)))]:
+        lam = results.setdefault("nll_32k", {})
+
+        def schedule(mode):
+            pts = [(L_tr, 1.0)] + [(L, alg[mode]["grid"][str(L)]["tau"]) for L in lengths if L < L_ex]
+            return tuple(pts + [(L_ex, alg[mode]["continuous"][str(L_ex)]["tau"])])
+
+        runs = [("Lambda+ceiling, tau=1", AttentionConfig(rollback=0), None),
+                ("Lambda+ceiling, pmax schedule", AttentionConfig(rollback=0, temperature_schedule="points",
+                                                                  temperature_points=schedule("pmax")), "pmax"),
+                ("full, pmax schedule", AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="points",
+                                                        temperature_points=schedule("pmax")), "pmax"),
+                ("full, entropy schedule", AttentionConfig(sinks=0, window=0, ceiling=0,
+                                                           temperature_schedule="points",
+                                                           temperature_points=schedule("entropy")), "entropy"),
+                ("full, log-length schedule", AttentionConfig(sinks=0, window=0, ceiling=0,
+                                                              temperature_schedule="log-length"), None)]
+        lam.setdefault("full, tau=1", {"nll_16k_32k": mean_nll(m1.nll, 16384, args.table1_length),
+                                       "buckets": bucket_means(m1.nll, 1024), "seconds": m1.seconds})
+        for name, cfg, mode in runs:
             if name in lam:
                 continue
-            lm = le.Llama(model, attention=cfg, n_ctx=L_tr + 10 + 256 + 512, n_batch=512, n_ubatch=512,
-                          n_threads=args.threads, verbose=False)
-            r = streaming_nll(lm, tokens[: args.table1_length], desc=f"lambda {name}")
+            n_ctx = args.table1_length + 64 if cfg.window == 0 else L_tr + 10 + 512
+            lm = le.Llama(model, attention=cfg, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads,
+                          verbose=False)
+            r = streaming_nll(lm, tokens[: args.table1_length], desc=name)
             lm.close()
-            lam[name] = {"points": points if name != "tau=1" else None,
-                         "nll_16k_32k": mean_nll(r.nll, 16384, min(32768, args.table1_length)),
+            lam[name] = {"points": [list(p) for p in cfg.temperature_points] if cfg.temperature_points else None,
+                         "nll_16k_32k": mean_nll(r.nll, 16384, args.table1_length),
+                         "nll_4k_8k": mean_nll(r.nll, 4096, 8192),
                          "buckets": bucket_means(r.nll, 1024), "seconds": r.seconds}
             save()
+            print(name, lam[name]["nll_16k_32k"], flush=True)
 
     # --- 5. overhead of the statistics ------------------------------------------------------------
     if "overhead" not in results:
@@ -240,9 +256,9 @@ def plot(results: dict, path: Path) -> None:
     for name, v in results.get("nll_full_attention", {}).items():
         b = v["buckets"]
         ax.plot([x["end"] for x in b], [x["nll"] for x in b], label=f"full, {name}")
-    for name, v in results.get("lambda_ceiling", {}).items():
+    for name, v in results.get("nll_32k", {}).items():
         b = v["buckets"]
-        ax.plot([x["end"] for x in b], [x["nll"] for x in b], "--", label=f"Lambda+ceiling, {name}")
+        ax.plot([x["end"] for x in b], [x["nll"] for x in b], "--", label=f"32k: {name}")
     ax.set_xlabel("position")
     ax.set_ylabel("NLL (1024-token buckets)")
     ax.set_ylim(2, 9)

