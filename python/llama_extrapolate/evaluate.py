@@ -115,6 +115,57 @@ def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optio
     return NLLResult(nll=nll, seconds=time.perf_counter() - t0)
 
 
+@dataclass
+class ChunkedPerplexity:
+    ppl: float
+    nll: float  # mean over the scored tokens
+    uncertainty: float  # llama-perplexity's "+/-": ppl times the standard error of the per-token NLL
+    count: int
+    running: List[float]  # perplexity after each chunk, llama-perplexity's "[i]ppl," line
+
+
+def chunked_perplexity(llm: llama_cpp.Llama, tokens: Sequence[int], n_ctx: int, *, n_chunks: Optional[int] = None,
+                       n_batch: Optional[int] = None, progress: bool = False) -> ChunkedPerplexity:
+    """Perplexity the way llama.cpp's ``llama-perplexity`` computes it, for a cross-check against that tool.
+
+    The tokens (the whole text tokenized once, BOS first) are cut into len // n_ctx chunks of n_ctx; each chunk
+    is read alone from position 0 in an empty cache, its first token replaced by BOS when the vocabulary adds
+    one, and only the second half is scored: the logits at positions n_ctx/2 .. n_ctx-2 against the next tokens,
+    n_ctx - 1 - n_ctx/2 tokens per chunk. PPL = exp(mean NLL) over all scored tokens.
+    """
+    tokens = np.asarray(tokens, dtype=np.int32)
+    if n_ctx < 4:
+        raise ValueError(f"n_ctx={n_ctx}: a chunk needs at least 4 tokens")
+    if n_ctx > llama_cpp.llama_n_ctx(llm.ctx):
+        raise ValueError(f"n_ctx={n_ctx} is larger than the context's {llama_cpp.llama_n_ctx(llm.ctx)} cells")
+    if len(tokens) < 2 * n_ctx:
+        raise ValueError(f"{len(tokens)} tokens: llama-perplexity needs at least 2 * n_ctx = {2 * n_ctx}")
+    total = len(tokens) // n_ctx if n_chunks is None else min(int(n_chunks), len(tokens) // n_ctx)
+    if total < 1:
+        raise ValueError(f"n_chunks={n_chunks} must be >= 1")
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    bos = llama_cpp.llama_vocab_bos(vocab) if llama_cpp.llama_vocab_get_add_bos(vocab) else None
+    first = n_ctx // 2
+    nll_sum = nll2_sum = 0.0
+    count = 0
+    running = []
+    for c in range(total):
+        chunk = tokens[c * n_ctx:(c + 1) * n_ctx].copy()
+        if bos is not None:
+            chunk[0] = bos
+        r = streaming_nll(llm, chunk, n_batch=n_batch, progress=progress, desc=f"chunk {c + 1}/{total}")
+        scored = r.nll[first:]
+        nll_sum += float(scored.sum())
+        nll2_sum += float((scored ** 2).sum())
+        count += len(scored)
+        running.append(float(np.exp(nll_sum / count)))
+    mean = nll_sum / count
+    var = nll2_sum / count - mean * mean
+    se = float(np.sqrt(var / (count - 1))) if var > 0 else float("nan")
+    return ChunkedPerplexity(ppl=float(np.exp(mean)), nll=mean, uncertainty=se * float(np.exp(mean)), count=count,
+                             running=running)
+
+
 # --- comparing configurations on the same tokens (``llama-extrapolate nll``) -----------------------
 BASELINES = ("lambda", "vanilla", "context-shift", "window-only", "lambda-only", "ceiling-only", "log-length")
 
