@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import llama_cpp
 import numpy as np
 
+from . import interrupt
 from . import stats as _stats
 from .stats import AttentionStats
 
@@ -58,11 +59,55 @@ class Measurement:
         return all(c in self.at for c in checkpoints)
 
 
+def save_passes(path, cache: Dict[Tuple[float, ...], Measurement], meta: dict) -> None:
+    """Write the passes measured so far (atomically), so an interrupted calibration resumes without them."""
+    import json
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    data = {"format": "llama-extrapolate/calibration-passes/1", "meta": meta,
+            "passes": [{"tau": np.asarray(m.tau, dtype=np.float64).tolist(), "seconds": m.seconds,
+                        "at": {str(L): st.to_dict() for L, st in m.at.items()},
+                        "nll": None if m.nll is None else [None if not np.isfinite(x) else float(x) for x in m.nll]}
+                       for m in cache.values()]}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def load_passes(path, meta: dict) -> Dict[Tuple[float, ...], Measurement]:
+    """The passes of an earlier run on the same model, tokens and settings ({} when there are none or they
+    belong to another run)."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    if data.get("format") != "llama-extrapolate/calibration-passes/1" or data.get("meta") != meta:
+        return {}
+    out = {}
+    for p in data["passes"]:
+        tau = np.asarray(p["tau"], dtype=np.float64)
+        tau = float(tau) if tau.ndim == 0 else tau
+        nll = None if p["nll"] is None else np.array([np.nan if x is None else x for x in p["nll"]])
+        m = Measurement(tau=tau, at={int(L): AttentionStats.from_dict(d) for L, d in p["at"].items()},
+                        seconds=float(p["seconds"]), nll=nll)
+        out[_tau_key(tau)] = m
+    return out
+
+
 def _decode_to(llm, tokens: np.ndarray, start: int, stop: int, batch, n_batch: int, bar,
                nll: Optional[np.ndarray] = None) -> None:
     from .evaluate import _log_softmax_at
 
     for s in range(start, stop, n_batch):
+        interrupt.check()
         chunk = tokens[s:min(stop, s + n_batch)]
         batch.n_tokens = len(chunk)
         for i, t in enumerate(chunk):

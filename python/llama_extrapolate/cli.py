@@ -9,6 +9,8 @@ import sys
 import numpy as np
 from typing import Optional, Sequence
 
+from . import interrupt
+
 
 def _library_facts() -> dict:
     import llama_cpp
@@ -133,8 +135,20 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         if len(tokens) < n_max:
             raise ValueError(f"the text {desc} has {len(tokens)} tokens, fewer than the longest length {n_max}: "
                              "use a longer text or shorter --lengths")
+        import hashlib
+
+        out = Path(args.output) if args.output else Path(Path(model).stem + ".calibration.json")
+        passes_path = out.with_name(out.name + ".passes")
         c = cal.Calibrator(llm, tokens[:n_max], l_tr, lengths, queries=args.queries, tail=args.tail,
                            n_batch=args.n_batch, progress=not args.quiet)
+        # every pass is kept beside the output, so an interrupted run resumes where it stopped
+        run_meta = {"model_sha256": file_sha256(model),
+                    "tokens_sha256": hashlib.sha256(np.asarray(tokens[:n_max], dtype=np.int32).tobytes()).hexdigest(),
+                    "training_length": l_tr, "queries": args.queries, "tail": c.tail, "checkpoints": c.checkpoints}
+        c.cache.update(cal.load_passes(passes_path, run_meta))
+        if c.cache and not args.quiet:
+            print(f"resuming with {len(c.cache)} passes from {passes_path}", file=sys.stderr)
+        c.on_measure = lambda m: cal.save_passes(passes_path, c.cache, run_meta)
         prof = CalibrationProfile(model_name=Path(model).name, model_sha256=file_sha256(model), training_length=l_tr,
                                   text=desc, queries=args.queries)
         for mode in modes:
@@ -160,7 +174,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                       "passes": len(c.cache)}
     finally:
         llm.close()
-    out = Path(args.output) if args.output else Path(Path(model).stem + ".calibration.json")
     prof.save(out)
     if args.json:
         print(json.dumps({"profile": str(out), "entries": prof.entries, **prof.extra}, indent=1))
@@ -518,11 +531,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = interrupt.install()
+    interrupt.clear()
     try:
         return args.func(args)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"llama-extrapolate {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # nll, passkey and calibrate write as they go: what is done is kept and a rerun resumes from it
+        print(f"llama-extrapolate {args.command}: interrupted; results so far are kept, rerun the same command to "
+              "resume", file=sys.stderr)
+        return 130
+    finally:
+        interrupt.clear()
+        interrupt.restore(previous)
 
 
 if __name__ == "__main__":

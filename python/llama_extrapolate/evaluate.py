@@ -14,6 +14,8 @@ from typing import Callable, List, Optional, Sequence
 import llama_cpp
 import numpy as np
 
+from . import interrupt
+
 
 @dataclass
 class NLLResult:
@@ -80,6 +82,7 @@ def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optio
     n_past = 0
     try:
         for start in range(0, len(tokens), n_batch):
+            interrupt.check()
             chunk = tokens[start:start + n_batch]
             n = len(chunk)
             if context_shift is not None and n_past + n > n_cells:

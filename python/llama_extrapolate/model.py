@@ -17,7 +17,7 @@ from . import _core
 from .config import AttentionConfig, ResolvedAttention, Temperature
 from .handles import context_address, model_address
 from .history import TokenHistory
-from .modelinfo import read_model_info
+from .modelinfo import InvalidModelError, read_model_info
 
 
 # what llama-cpp-python's checks see as the context length when the stream is unbounded
@@ -59,7 +59,14 @@ class Llama(llama_cpp.Llama):
             )
         user.update(overrides)
 
-        super().__init__(model_path, kv_overrides=user, **kwargs)
+        try:
+            super().__init__(model_path, kv_overrides=user, **kwargs)
+        except ValueError as exc:
+            if not str(exc).startswith("Failed to load model"):
+                raise
+            raise InvalidModelError(f"{model_path}: llama.cpp could not load the model (tensors missing or not "
+                                    f"matching {self.model_info.architecture}'s layout, or a corrupt file); run with "
+                                    "verbose=True to see llama.cpp's reason") from exc
 
         loaded = _core.model_attention(model_address(self))
         expected = self.attention_resolved

@@ -88,6 +88,8 @@ def read_model_info(path: Union[str, os.PathLike]) -> ModelInfo:
     from gguf import GGUFReader
 
     path = Path(path)
+    if path.is_dir():
+        raise ModelNotFoundError(f"model path {path} is a directory: pass the path of a .gguf file")
     if not path.is_file():
         raise ModelNotFoundError(f"model file {path} does not exist: pass the path of a .gguf file")
     try:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional, Union
 
+from . import interrupt
+
 
 @dataclass
 class ReadReport:
@@ -79,6 +81,7 @@ def read_tokens(llm, tokens: List[int], *, progress: bool = True, desc: str = "r
     t0 = time.perf_counter()
     try:
         for s in range(0, len(body), llm.n_batch):
+            interrupt.check()
             chunk = body[s:s + llm.n_batch]
             llm.eval(chunk)
             if bar is not None:

@@ -20,6 +20,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import llama_cpp
 import numpy as np
 
+from . import interrupt
+
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                  "I will quiz you about the important information there.")
 PASSKEY_FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -119,6 +121,7 @@ class _Stream:
     def feed(self, tokens: Sequence[int]) -> np.ndarray:
         """Decode ``tokens``; the logits of the last one."""
         for s in range(0, len(tokens), self.n_batch):
+            interrupt.check()
             chunk = tokens[s:s + self.n_batch]
             n = len(chunk)
             if self.context_shift is not None and self.n_past + n > self.cells:

@@ -1,0 +1,229 @@
+"""Bad input, table-driven: every case raises (or exits with) a clear error that names the offending value.
+
+Model files are opened in a subprocess, so a crash inside llama.cpp (a segfault, an abort) fails the case
+instead of taking pytest down with it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import gguf
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+# --- model files --------------------------------------------------------------------------------------------
+
+
+def _write_variant(model, path: Path, arch: str = "llama", context_length="keep") -> Path:
+    """The tiny llama's tensors under other metadata."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("variant")
+    if context_length == "keep":
+        w.add_context_length(model.n_ctx_train)
+    elif context_length is not None:
+        w.add_context_length(context_length)
+    w.add_embedding_length(model.n_embd)
+    w.add_block_count(model.n_layer)
+    w.add_feed_forward_length(model.n_ff)
+    w.add_head_count(model.n_head)
+    w.add_head_count_kv(model.n_head_kv)
+    w.add_rope_dimension_count(model.head_dim)
+    w.add_rope_freq_base(model.rope_base)
+    w.add_layer_norm_rms_eps(model.rms_eps)
+    w.add_file_type(0)
+    w.add_tokenizer_model("llama")
+    n = model.n_vocab
+    w.add_token_list(["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(n - 3)])
+    w.add_token_scores([0.0] * n)
+    w.add_token_types([2, 3, 3] + [6] * (n - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for name, t in model.weights.items():
+        w.add_tensor(name, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def bad_models(tmp_path_factory, tiny_llama):
+    model, good = tiny_llama
+    d = tmp_path_factory.mktemp("bad-models")
+    raw = Path(good).read_bytes()
+    files = {"good": Path(good), "missing": d / "missing.gguf", "directory": d}
+    (d / "empty.gguf").write_bytes(b"")
+    (d / "text.gguf").write_text("not a model " * 100)
+    (d / "header-only.gguf").write_bytes(raw[:64])
+    (d / "truncated.gguf").write_bytes(raw[: len(raw) // 2])
+    (d / "tail-cut.gguf").write_bytes(raw[:-4096])
+    for name in ("empty", "text", "header-only", "truncated", "tail-cut"):
+        files[name] = d / f"{name}.gguf"
+    files["no-context-length"] = _write_variant(model, d / "noctx.gguf", context_length=None)
+    files["context-length-0"] = _write_variant(model, d / "ctx0.gguf", context_length=0)
+    files["unknown-arch"] = _write_variant(model, d / "foo.gguf", arch="foo")
+    files["no-rope-no-alibi"] = _write_variant(model, d / "gpt2.gguf", arch="gpt2")
+    return files
+
+
+MODEL_CASES = [
+    # (file, attention config expression, exception class name, text the message must hold)
+    ("missing", "None", "ModelNotFoundError", "missing.gguf does not exist"),
+    ("directory", "None", "ModelNotFoundError", "is a directory"),
+    ("empty", "None", "InvalidModelError", "empty.gguf is not a readable GGUF"),
+    ("text", "None", "InvalidModelError", "text.gguf is not a readable GGUF"),
+    ("header-only", "None", "InvalidModelError", "header-only.gguf is not a readable GGUF"),
+    ("truncated", "None", "InvalidModelError", "truncated.gguf is not a readable GGUF"),
+    ("tail-cut", "None", "InvalidModelError", "tail-cut.gguf"),
+    ("no-context-length", "None", "InvalidModelError", "no llama.context_length"),
+    ("context-length-0", "None", "InvalidModelError", "llama.context_length = 0"),
+    ("unknown-arch", "None", "InvalidModelError", "could not load"),
+    ("no-rope-no-alibi", "AttentionConfig(sinks=4, window=32, ceiling=32)", "ValueError",
+     "gpt2 has no position encoding"),
+    ("no-rope-no-alibi", "None", "InvalidModelError", "gpt2"),
+]
+
+
+@pytest.mark.parametrize("name,attention,exc,text", MODEL_CASES, ids=[f"{c[0]}:{c[1][:10]}" for c in MODEL_CASES])
+def test_bad_model_file_raises_in_a_subprocess(bad_models, name, attention, exc, text):
+    code = textwrap.dedent(f"""
+        import sys
+        import llama_extrapolate as le
+        from llama_extrapolate import AttentionConfig
+        try:
+            le.Llama({str(bad_models[name])!r}, attention={attention}, n_ctx=256, n_batch=64, verbose=False)
+        except Exception as e:
+            print("EXC", type(e).__name__, "|", str(e))
+            sys.exit(3)
+        print("NO ERROR")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, f"exit {r.returncode} (a negative code is a signal: a crash)\n{r.stdout}\n{r.stderr[-2000:]}"
+    line = [x for x in r.stdout.splitlines() if x.startswith("EXC ")][-1]
+    got_type, message = line[4:].split(" | ", 1)
+    assert got_type == exc, line
+    assert text in message, line
+
+
+# --- configuration values -------------------------------------------------------------------------------------
+
+
+def _config_cases():
+    from llama_extrapolate import AttentionConfig as A
+
+    return [
+        ("sinks", lambda m: A(sinks=-1), ValueError, "sinks=-1"),
+        ("window", lambda m: A(window=-5), ValueError, "window=-5"),
+        ("ceiling", lambda m: A(ceiling=-2), ValueError, "ceiling=-2"),
+        ("rollback", lambda m: A(rollback=-1), ValueError, "rollback=-1"),
+        ("temperature 0", lambda m: A(temperature=0.0), ValueError, "invalid value 0.0"),
+        ("temperature nan", lambda m: A(temperature=float("nan")), ValueError, "invalid value nan"),
+        ("temperature per layer", lambda m: _llama(m, A(temperature=[1.0, 0.9, 0.8])), ValueError,
+         "temperature has 3 values"),
+        ("schedule", lambda m: A(temperature_schedule="cosine"), ValueError, "temperature_schedule='cosine'"),
+        ("points order", lambda m: A(temperature_schedule="points", temperature_points=((16384, 0.9), (8192, 1.0))),
+         ValueError, "8192 after 16384"),
+        ("n_ctx too small", lambda m: _llama(m, A(sinks=4, window=1024)), ValueError, "got n_ctx=256"),
+        ("flash with ceiling", lambda m: _llama(m, A(sinks=4, window=32, ceiling=32), n_ctx=1024, flash_attn=True),
+         ValueError, "flash_attn=True with ceiling=32"),
+        ("quantized K with ceiling", lambda m: _llama(m, A(sinks=4, window=32, ceiling=32), n_ctx=1024, type_k=8),
+         ValueError, "type_k=8"),
+        ("attention type", lambda m: _llama(m, "lambda"), TypeError, "attention='lambda'"),
+        ("profile not JSON", lambda m: A.from_profile(str(m)), ValueError, "is not a calibration profile"),
+    ]
+
+
+def _llama(model_path, attention, n_ctx=256, **kw):
+    from llama_extrapolate import Llama
+
+    llm = Llama(str(model_path), attention=attention, n_ctx=n_ctx, n_batch=64, verbose=False, **kw)
+    llm.close()
+
+
+CONFIG_IDS = ["sinks", "window", "ceiling", "rollback", "temperature 0", "temperature nan", "temperature per layer",
+              "schedule", "points order", "n_ctx too small", "flash with ceiling", "quantized K with ceiling",
+              "attention type", "profile not JSON"]
+
+
+@pytest.mark.parametrize("case", CONFIG_IDS)
+def test_bad_configuration_is_named(tiny_llama, case):
+    _, path = tiny_llama
+    name, call, exc, text = {c[0]: c for c in _config_cases()}[case]
+    with pytest.raises(exc) as err:
+        call(path)
+    assert text in str(err.value)
+
+
+# --- texts ---------------------------------------------------------------------------------------------------
+
+
+def test_bad_texts_are_named(tmp_path, tiny_llama):
+    from llama_extrapolate.corpora import load_corpus
+    from llama_extrapolate.reader import read_text_file
+
+    _, model = tiny_llama
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    cases = [
+        (lambda: read_text_file(model), ValueError, "is not UTF-8 text"),
+        (lambda: read_text_file(empty), ValueError, "empty.txt is empty"),
+        (lambda: read_text_file(tmp_path), ValueError, "is a directory"),
+        (lambda: read_text_file(tmp_path / "nope.txt"), FileNotFoundError, "nope.txt"),
+        (lambda: load_corpus("bible"), ValueError, "corpus 'bible'"),
+    ]
+    for call, exc, text in cases:
+        with pytest.raises(exc) as err:
+            call()
+        assert text in str(err.value), str(err.value)
+
+
+# --- command line ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    p = tmp_path_factory.mktemp("doc") / "doc.txt"
+    p.write_text("a sentence of the document. " * 200)
+    return p
+
+
+CLI_CASES = [
+    (["nll", "--tokens", "1"], "--tokens 1"),
+    (["nll", "--tokens", "64", "--bucket", "0"], "--bucket 0"),
+    (["nll", "--tokens", "64", "--configs", "bogus"], "bogus"),
+    (["nll", "--tokens", "64", "--threads", "0"], "--threads 0"),
+    (["passkey", "--depths", "1.5"], "1.5"),
+    (["passkey", "--lengths", "ten"], "ten"),
+    (["calibrate", "--lengths", "abc"], "--lengths 'abc'"),
+    (["calibrate", "--mode", "pmax", "--granularity", "token"], "token"),
+    (["trf", "--eps", "0"], "--eps '0'"),
+    (["trf", "--heads", "0"], "--heads 0"),
+    (["run", "--file", "/nonexistent/doc.txt", "--prompt", "q"], "/nonexistent/doc.txt"),
+]
+
+
+@pytest.mark.parametrize("argv,text", CLI_CASES, ids=[" ".join(c[0][:3]) for c in CLI_CASES])
+def test_bad_cli_arguments_exit_2_naming_the_value(argv, text, tiny_llama, doc, tmp_path, capsys):
+    from llama_extrapolate import cli
+
+    _, model = tiny_llama
+    extra = []
+    if argv[0] in ("nll", "passkey", "calibrate", "run"):
+        extra += ["--model", str(model)]
+    if argv[0] == "nll":
+        extra += ["--file", str(doc)]
+    if argv[0] == "calibrate":
+        extra += ["--text", str(doc)]
+    if argv[0] != "run":
+        extra += ["-o", str(tmp_path / "out.json")]
+    rc = cli.main(argv + extra)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert text in err, err
