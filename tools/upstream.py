@@ -8,11 +8,14 @@ reference for "the same pass list as the unpatched tree".
 
     python tools/upstream.py build llama-perplexity            # prints the path of each binary
     python tools/upstream.py build --unpatched test-backend-ops
+    python tools/upstream.py tests -o bench/results/upstream_tests.json   # both trees, pass lists compared
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import os
 import shutil
 import subprocess
@@ -70,20 +73,25 @@ def unpatched_tree() -> Path:
     return dest
 
 
-def build(targets: Sequence[str], unpatched: bool = False, jobs: int = 0, quiet: bool = False) -> Dict[str, Path]:
-    """Configure (once) and build the targets; returns target -> binary path."""
+def configure(unpatched: bool = False, quiet: bool = False) -> Path:
+    """Configure the tree's tools-and-tests build once; returns the build directory."""
     src = unpatched_tree() if unpatched else patched_tree()
     bdir = ROOT / "build" / ("upstream-unpatched" if unpatched else "upstream-patched")
     cmake = shutil.which("cmake")
     if cmake is None:
         raise FileNotFoundError("cmake is not on PATH: `pip install cmake ninja`")
-    out = None if not quiet else subprocess.DEVNULL
     if not (bdir / "CMakeCache.txt").is_file():
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        subprocess.run([cmake, "-S", str(src), "-B", str(bdir), *gen, *CMAKE_OPTIONS], check=True, stdout=out)
-    cmd = [cmake, "--build", str(bdir), "--target", *targets]
-    cmd += ["-j", str(jobs or os.cpu_count() or 2)]
-    subprocess.run(cmd, check=True, stdout=out)
+        subprocess.run([cmake, "-S", str(src), "-B", str(bdir), *gen, *CMAKE_OPTIONS], check=True,
+                       stdout=subprocess.DEVNULL if quiet else None)
+    return bdir
+
+
+def build(targets: Sequence[str], unpatched: bool = False, jobs: int = 0, quiet: bool = False) -> Dict[str, Path]:
+    """Configure (once) and build the executables; returns target -> binary path."""
+    bdir = configure(unpatched, quiet)
+    cmd = [shutil.which("cmake"), "--build", str(bdir), "--target", *targets, "-j", str(jobs or os.cpu_count() or 2)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if quiet else None)
     paths = {}
     for t in targets:
         p = bdir / "bin" / t
@@ -93,6 +101,51 @@ def build(targets: Sequence[str], unpatched: bool = False, jobs: int = 0, quiet:
     return paths
 
 
+# ctest tests that need a network or a downloaded model: not run offline
+OFFLINE_EXCLUDE = r"download|thread-safety|state-restore-fragmented|tokenizers-ggml-vocabs"
+
+
+def _test_targets(bdir: Path) -> List[str]:
+    """Every test executable the configured tree defines (the phony test-* targets of the Ninja file)."""
+    ninja = bdir / "build.ninja"
+    if not ninja.is_file():
+        raise FileNotFoundError(f"{ninja} is missing: tools/upstream.py configures with Ninja (`pip install ninja`)")
+    return sorted(set(re.findall(r"^build (test-[A-Za-z0-9_-]+): phony", ninja.read_text(), re.M)))
+
+
+def run_tests(unpatched: bool, label: str = "main", jobs: int = 0, timeout: int = 600) -> Dict[str, dict]:
+    """Build the offline ctest tests with the label plus test-backend-ops, run them, return name -> result."""
+    bdir = configure(unpatched, quiet=True)
+    build(_test_targets(bdir), unpatched, jobs, quiet=True)
+    results: Dict[str, dict] = {}
+    run = subprocess.run(["ctest", "--test-dir", str(bdir), "-L", label, "-E", OFFLINE_EXCLUDE,
+                          "--timeout", str(timeout), "--output-on-failure"], capture_output=True, text=True)
+    for m in re.finditer(r"Test\s+#\d+: (\S+) \.+\s*\**([A-Za-z][A-Za-z ]*?)\s+([0-9.]+) sec", run.stdout):
+        status = m.group(2).strip()
+        results[m.group(1)] = {"status": "passed" if status == "Passed" else status.lower(),
+                               "seconds": float(m.group(3))}
+    # test-backend-ops: every op of the CPU backend in "grad" mode (gradients against finite differences)
+    # and "test" mode (which compares other backends with the CPU: with the CPU alone it compares nothing)
+    exe = bdir / "bin" / "test-backend-ops"
+    for mode in ("grad", "test"):
+        r = subprocess.run([str(exe), mode, "-b", "CPU"], capture_output=True, text=True, timeout=3600)
+        tail = (r.stdout + r.stderr).strip().splitlines()[-6:]
+        passed = re.search(r"(\d+)/(\d+) tests passed", r.stdout + r.stderr)
+        results[f"test-backend-ops {mode} -b CPU"] = {
+            "status": "passed" if r.returncode == 0 else "failed", "exit": r.returncode,
+            "tests_passed": passed.group(0) if passed else None, "tail": tail}
+    return results
+
+
+def compare_trees(jobs: int = 0) -> dict:
+    patched, unpatched = run_tests(False, jobs=jobs), run_tests(True, jobs=jobs)
+    names = sorted(set(patched) | set(unpatched))
+    differ = [n for n in names if patched.get(n, {}).get("status") != unpatched.get(n, {}).get("status")]
+    return {"patched": patched, "unpatched": unpatched, "same_pass_list": not differ, "differences": differ,
+            "passed_patched": sum(v["status"] == "passed" for v in patched.values()),
+            "passed_unpatched": sum(v["status"] == "passed" for v in unpatched.values()), "tests": len(names)}
+
+
 def main(argv: List[str] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -100,10 +153,19 @@ def main(argv: List[str] = None) -> int:
     b.add_argument("targets", nargs="+")
     b.add_argument("--unpatched", action="store_true")
     b.add_argument("--jobs", "-j", type=int, default=0)
+    t = sub.add_parser("tests", help="llama.cpp's offline tests on the patched and unpatched trees")
+    t.add_argument("--jobs", "-j", type=int, default=0)
+    t.add_argument("--output", "-o", default=str(ROOT / "bench" / "results" / "upstream_tests.json"))
     args = ap.parse_args(argv)
-    for t, p in build(args.targets, args.unpatched, args.jobs).items():
-        print(f"{t}\t{p}")
-    return 0
+    if args.cmd == "build":
+        for name, p in build(args.targets, args.unpatched, args.jobs).items():
+            print(f"{name}\t{p}")
+        return 0
+    res = compare_trees(args.jobs)
+    Path(args.output).write_text(json.dumps(res, indent=1))
+    print(f"{res['tests']} tests; passed: patched {res['passed_patched']}, unpatched {res['passed_unpatched']}; "
+          f"same pass list: {res['same_pass_list']} {res['differences'] or ''}")
+    return 0 if res["same_pass_list"] else 1
 
 
 if __name__ == "__main__":
