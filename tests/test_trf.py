@@ -195,3 +195,26 @@ def test_cli_writes_json_and_png(tmp_path, tiny_llama):
     assert cli.main(["trf", "--eps", "0,0.1", "-o", str(out)]) == 2
     assert cli.main(["trf", "--erf", "--configs", "full", "--model", str(path), "--file", str(text),
                      "--tokens", "100", "-o", str(out)]) == 2
+
+
+def test_cli_adds_the_alibi_model_heads(tmp_path, tiny_mpt_model):
+    from llama_extrapolate import cli
+
+    model, path = tiny_mpt_model
+    out = tmp_path / "trf.json"
+    assert cli.main(["trf", "--eps", "0.1", "--model", str(path), "-o", str(out)]) == 0
+    res = json.loads(out.read_text())["rpes"]
+    heads = [k for k in res if " head " in k]
+    assert len(heads) == model.n_head
+    slopes = trf.alibi_slopes(model.n_head, model.max_alibi_bias)
+    for h, k in enumerate(heads):
+        assert res[k]["verdict"]["B"] == pytest.approx(1 / (1 - math.exp(-slopes[h])))
+
+
+@pytest.mark.parametrize("n_head", [1, 4, 6, 12])
+def test_alibi_slopes_match_the_oracle_model(n_head):
+    from tinymodel import TinyMPT
+
+    m = TinyMPT()
+    m.n_head = n_head
+    assert np.allclose(trf.alibi_slopes(n_head, m.max_alibi_bias), m.alibi_slopes())

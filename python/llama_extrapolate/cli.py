@@ -348,8 +348,18 @@ def _cmd_trf(args: argparse.Namespace) -> int:
     if args.heads < 1:
         raise ValueError(f"--heads {args.heads} must be >= 1")
     rpes = trf.standard_rpes(args.heads, args.max_bias, args.sinks, args.window)
+    model_rpes = []
+    if args.model is not None:
+        from .modelinfo import read_model_info
+
+        info = read_model_info(args.model)
+        if info.position_encoding == "alibi":
+            # the model's own encoding: one geometric series per head
+            model_rpes = [trf.RPE(f"{Path(args.model).stem} head {h}", r.log_weight, r.analytic, params=r.params)
+                          for h, r in enumerate(trf.alibi(m) for m in trf.alibi_slopes(
+                              int(np.max(info.head_count)), info.alibi_max_bias))]
     out = Path(args.output)
-    results = {"eps": eps, "rpes": trf.report(rpes, eps),
+    results = {"eps": eps, "rpes": trf.report(rpes + model_rpes, eps),
                "theorem_0_5": {"Type 2 vs Type 1": trf.compare(trf.type2(), trf.type1()),
                                "ALiBi last head vs Type 1": trf.compare(rpes[1], trf.type1())}}
     if args.erf:
