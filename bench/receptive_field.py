@@ -1,7 +1,7 @@
 """Receptive fields on SmolLM2: TRF of the standard encodings and ERF by layer, vanilla at 8k and Lambda at 32k.
 
 The attention mass by distance comes from bench/calibration.py (statistics collected inside llama.cpp over the
-Paul Graham essays: vanilla full attention over the first 8192 tokens; Lambda + ceiling, S = 4, W = C = 8192, over
+Paul Graham essays: vanilla full attention over the first 8192 tokens; Lambda + ceiling, S = 10, W = C = 8192, over
 32768 tokens). This script reads it, computes ERF(eps) per layer and overall, TRF(eps) of ALiBi, Kerple,
 Sandwich, T5, Type 1/2, 1/n, 1/(n ln n) and the Lambda-mask, and writes bench/results/receptive_field.{json,png}
 plus the TRF figure receptive_field_trf.png.
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     eps = [float(x) for x in args.eps.split(",")]
     cal = json.loads(Path(args.calibration).read_text())
     runs = {"vanilla, 8192 tokens": cal.get("erf_mass_vanilla_8k"),
-            "Lambda + ceiling (S=4, W=C=8192), 32768 tokens": cal.get("erf_mass_lambda_32k")}
+            "Lambda + ceiling (S=10, W=C=8192), 32768 tokens": cal.get("erf_mass_lambda_32k")}
     missing = [k for k, v in runs.items() if v is None]
     if missing:
         print(f"missing in {args.calibration}: {missing}; run bench/calibration.py first", file=sys.stderr)
