@@ -82,7 +82,8 @@ def run(dest: Path) -> dict:
         failure = case.find("failure") if case.find("failure") is not None else case.find("error")
         skipped = case.find("skipped")
         if failure is not None:
-            out["failed"][name] = (failure.get("message") or "")[:500]
+            detail = (failure.text or "").strip().splitlines()[-1:] or [""]
+            out["failed"][name] = f"{failure.get('message') or ''}: {detail[0]}"[:500]
         elif skipped is not None:
             out["skipped"][name] = (skipped.get("message") or "")[:300]
         else:
