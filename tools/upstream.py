@@ -144,8 +144,10 @@ def run_tests(unpatched: bool, label: str = "main", jobs: int = 0, timeout: int 
     return results
 
 
-def compare_trees(jobs: int = 0) -> dict:
-    patched, unpatched = run_tests(False, jobs=jobs), run_tests(True, jobs=jobs)
+def compare_trees(jobs: int = 0, patched: dict = None, unpatched: dict = None) -> dict:
+    """Run both trees (or take results already run, e.g. in two processes with `tests --tree`)."""
+    patched = run_tests(False, jobs=jobs) if patched is None else patched
+    unpatched = run_tests(True, jobs=jobs) if unpatched is None else unpatched
     names = sorted(set(patched) | set(unpatched))
     differ = [n for n in names if patched.get(n, {}).get("status") != unpatched.get(n, {}).get("status")]
     return {"patched": patched, "unpatched": unpatched, "same_pass_list": not differ, "differences": differ,
@@ -163,12 +165,27 @@ def main(argv: List[str] = None) -> int:
     t = sub.add_parser("tests", help="llama.cpp's offline tests on the patched and unpatched trees")
     t.add_argument("--jobs", "-j", type=int, default=0)
     t.add_argument("--output", "-o", default=str(ROOT / "bench" / "results" / "upstream_tests.json"))
+    t.add_argument("--tree", choices=["both", "patched", "unpatched"], default="both",
+                   help="one tree only: writes its results to --output (combine them with `compare`)")
+    c = sub.add_parser("compare", help="compare two one-tree result files")
+    c.add_argument("patched")
+    c.add_argument("unpatched")
+    c.add_argument("--output", "-o", default=str(ROOT / "bench" / "results" / "upstream_tests.json"))
     args = ap.parse_args(argv)
     if args.cmd == "build":
         for name, p in build(args.targets, args.unpatched, args.jobs).items():
             print(f"{name}\t{p}")
         return 0
-    res = compare_trees(args.jobs)
+    if args.cmd == "tests" and args.tree != "both":
+        one = run_tests(args.tree == "unpatched", jobs=args.jobs)
+        Path(args.output).write_text(json.dumps(one, indent=1))
+        print(f"{args.tree}: {sum(v['status'] == 'passed' for v in one.values())}/{len(one)} passed")
+        return 0
+    if args.cmd == "compare":
+        res = compare_trees(patched=json.loads(Path(args.patched).read_text()),
+                            unpatched=json.loads(Path(args.unpatched).read_text()))
+    else:
+        res = compare_trees(args.jobs)
     Path(args.output).write_text(json.dumps(res, indent=1))
     print(f"{res['tests']} tests; passed: patched {res['passed_patched']}, unpatched {res['passed_unpatched']}; "
           f"same pass list: {res['same_pass_list']} {res['differences'] or ''}")
