@@ -11,46 +11,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-import gguf
 import pytest
-
-HERE = Path(__file__).resolve().parent
 
 
 # --- model files --------------------------------------------------------------------------------------------
-
-
-def _write_variant(model, path: Path, arch: str = "llama", context_length="keep") -> Path:
-    """The tiny llama's tensors under other metadata."""
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name("variant")
-    if context_length == "keep":
-        w.add_context_length(model.n_ctx_train)
-    elif context_length is not None:
-        w.add_context_length(context_length)
-    w.add_embedding_length(model.n_embd)
-    w.add_block_count(model.n_layer)
-    w.add_feed_forward_length(model.n_ff)
-    w.add_head_count(model.n_head)
-    w.add_head_count_kv(model.n_head_kv)
-    w.add_rope_dimension_count(model.head_dim)
-    w.add_rope_freq_base(model.rope_base)
-    w.add_layer_norm_rms_eps(model.rms_eps)
-    w.add_file_type(0)
-    w.add_tokenizer_model("llama")
-    n = model.n_vocab
-    w.add_token_list(["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(n - 3)])
-    w.add_token_scores([0.0] * n)
-    w.add_token_types([2, 3, 3] + [6] * (n - 3))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    for name, t in model.weights.items():
-        w.add_tensor(name, t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +30,10 @@ def bad_models(tmp_path_factory, tiny_llama):
     (d / "tail-cut.gguf").write_bytes(raw[:-4096])
     for name in ("empty", "text", "header-only", "truncated", "tail-cut"):
         files[name] = d / f"{name}.gguf"
-    files["no-context-length"] = _write_variant(model, d / "noctx.gguf", context_length=None)
-    files["context-length-0"] = _write_variant(model, d / "ctx0.gguf", context_length=0)
-    files["unknown-arch"] = _write_variant(model, d / "foo.gguf", arch="foo")
-    files["no-rope-no-alibi"] = _write_variant(model, d / "gpt2.gguf", arch="gpt2")
+    files["no-context-length"] = model.write(d / "noctx.gguf", context_length=None)
+    files["context-length-0"] = model.write(d / "ctx0.gguf", context_length=0)
+    files["unknown-arch"] = model.write(d / "foo.gguf", arch="foo")
+    files["no-rope-no-alibi"] = model.write(d / "gpt2.gguf", arch="gpt2")
     return files
 
 

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
 
-def _write(path: Path, arch: str, model, n_head_kv: int, add_hparams) -> Path:
-    """A GGUF file of the model's f32 tensors with a byte-level SentencePiece vocabulary (tests feed token ids)."""
+TRAINING_LENGTH = "n_ctx_train"  # write the model's own context length
+
+
+def _write(path: Path, arch: str, model, n_head_kv: int, add_hparams, context_length=TRAINING_LENGTH) -> Path:
+    """A GGUF file of the model's f32 tensors with a byte-level SentencePiece vocabulary (tests feed token ids).
+
+    ``context_length``: the metadata value to write, None to leave the key out (bad-input tests)."""
     import gguf
 
     if not model.weights:
@@ -23,7 +28,10 @@ def _write(path: Path, arch: str, model, n_head_kv: int, add_hparams) -> Path:
     n_vocab = model.n_vocab
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}-test")
-    writer.add_context_length(model.n_ctx_train)
+    if context_length == TRAINING_LENGTH:
+        writer.add_context_length(model.n_ctx_train)
+    elif context_length is not None:
+        writer.add_context_length(context_length)
     writer.add_embedding_length(model.n_embd)
     writer.add_block_count(model.n_layer)
     writer.add_feed_forward_length(model.n_ff)
@@ -98,13 +106,14 @@ class TinyLlama:
             w[f"blk.{i}.ffn_down.weight"] = mat(d, self.n_ff)
         self.weights = w
 
-    def write(self, path: Path) -> Path:
+    def write(self, path: Path, arch: Optional[str] = None, context_length=TRAINING_LENGTH) -> Path:
+        """``arch`` and ``context_length`` override the metadata (the same tensors under another name)."""
         def hparams(w):
             w.add_rope_dimension_count(self.head_dim)
             w.add_rope_freq_base(self.rope_base)
             w.add_layer_norm_rms_eps(self.rms_eps)
 
-        return _write(path, self.arch, self, self.n_head_kv, hparams)
+        return _write(path, arch or self.arch, self, self.n_head_kv, hparams, context_length)
 
 
 @dataclass

@@ -250,15 +250,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _first_tokens(model: str, file: Optional[str], corpus: str, n: int) -> tuple:
+    """(the first n tokens of --file or --corpus, with BOS; a description of the text), tokenized by a
+    vocabulary-only load of the model."""
+    import llama_cpp
+
+    from .corpora import load_corpus
+    from .reader import read_text_file
+
+    if file:
+        text, desc = read_text_file(file), str(file)
+    else:
+        text, desc = load_corpus(corpus), corpus
+    tok = llama_cpp.Llama(model, n_ctx=64, vocab_only=True, verbose=False)
+    try:
+        tokens = tok.tokenize(text[: 12 * n].encode("utf-8"), add_bos=True)[:n]
+    finally:
+        tok.close()
+    if len(tokens) < n:
+        raise ValueError(f"the text {desc} has {len(tokens)} tokens, fewer than --tokens {n}: use a longer "
+                         "text or fewer tokens")
+    return tokens, desc
+
+
 def _cmd_nll(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import llama_cpp
 
     from . import evaluate
-    from .corpora import load_corpus
     from .models import default_model_path
-    from .reader import read_text_file
 
     model = str(args.model if args.model is not None else default_model_path())
     if args.tokens < 2:
@@ -270,18 +290,7 @@ def _cmd_nll(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     if not names:
         raise ValueError("--configs is empty: name one or more configurations")
-    if args.file:
-        text, desc = read_text_file(args.file), str(args.file)
-    else:
-        text, desc = load_corpus(args.corpus), args.corpus
-    tok = llama_cpp.Llama(model, n_ctx=64, vocab_only=True, verbose=False)
-    try:
-        tokens = tok.tokenize(text[: 12 * args.tokens].encode("utf-8"), add_bos=True)[: args.tokens]
-    finally:
-        tok.close()
-    if len(tokens) < args.tokens:
-        raise ValueError(f"the text {desc} has {len(tokens)} tokens, fewer than --tokens {args.tokens}: use a longer "
-                         "text or fewer tokens")
+    tokens, desc = _first_tokens(model, args.file, args.corpus, args.tokens)
     out = Path(args.output)
     results = evaluate.compare_nll(model, tokens, names, out, bucket=args.bucket, n_batch=args.n_batch,
                                    threads=args.threads, window=args.window, sinks=args.sinks,
@@ -363,27 +372,17 @@ def _cmd_trf(args: argparse.Namespace) -> int:
                "theorem_0_5": {"Type 2 vs Type 1": trf.compare(trf.type2(), trf.type1()),
                                "ALiBi last head vs Type 1": trf.compare(rpes[1], trf.type1())}}
     if args.erf:
-        import llama_cpp
 
         from . import Llama
         from .evaluate import setup_for
         from .modelinfo import read_model_info
         from .models import default_model_path
-        from .reader import read_text_file
-        from .corpora import load_corpus
 
         if args.tokens < 2:
             raise ValueError(f"--tokens {args.tokens} must be >= 2")
         model = str(args.model if args.model is not None else default_model_path())
         info = read_model_info(model)
-        text = read_text_file(args.file) if args.file else load_corpus(args.corpus)
-        tok = llama_cpp.Llama(model, n_ctx=64, vocab_only=True, verbose=False)
-        try:
-            tokens = tok.tokenize(text[: 12 * args.tokens].encode("utf-8"), add_bos=True)[: args.tokens]
-        finally:
-            tok.close()
-        if len(tokens) < args.tokens:
-            raise ValueError(f"the text has {len(tokens)} tokens, fewer than --tokens {args.tokens}")
+        tokens, _ = _first_tokens(model, args.file, args.corpus, args.tokens)
         erf = {}
         for name in [n.strip() for n in args.configs.split(",") if n.strip()]:
             if name not in ("vanilla", "lambda"):

@@ -285,16 +285,25 @@ def _sum_bounds(rpe: RPE, v: Verdict, n: int) -> Tuple[float, float, np.ndarray]
     raise ValueError(f"{rpe.name}: the series does not converge ({v.reason}), so it has no finite receptive field")
 
 
+def _checked_eps(eps: Sequence[float]) -> List[float]:
+    out = [float(e) for e in eps]
+    for e in out:
+        if not (0.0 < e < 1.0):
+            raise ValueError(f"eps={e!r}: the receptive field is defined for 0 < eps < 1")
+    return out
+
+
 def trf(rpe: RPE, eps: Sequence[float], n_terms: int = N_TERMS) -> List[dict]:
     """TRF(eps) = min j with sum_{t >= j} b_t < B eps (Eq. 22), for each eps. When B is only bracketed, the
     window is bracketed too: ``lo`` uses the smallest possible B, ``hi`` the largest (``trf`` is ``hi``)."""
-    eps = [float(e) for e in eps]
-    for e in eps:
-        if not (0.0 < e < 1.0):
-            raise ValueError(f"eps={e!r}: the receptive field is defined for 0 < eps < 1")
-    v = rpe.verdict()
+    eps = _checked_eps(eps)
     n = int(rpe.support) if rpe.support is not None else n_terms
-    B_lo, B_hi, sums = _sum_bounds(rpe, v, n)
+    return _trf_rows(rpe, eps, *_sum_bounds(rpe, rpe.verdict(), n))
+
+
+def _trf_rows(rpe: RPE, eps: List[float], B_lo: float, B_hi: float, sums: np.ndarray) -> List[dict]:
+    """TRF(eps) from the partial sums and the bracket on B (see ``trf``)."""
+    n = len(sums)
     out = []
     for e in eps:
         # sum_{t>=j} b_t = B - S_j < B eps  <=>  S_j > B (1 - eps); j counts terms, S_j = sums[j-1]
@@ -351,10 +360,7 @@ def erf_from_mass(bin_lower: np.ndarray, mass: np.ndarray, eps: Sequence[float])
         raise ValueError("mass sums to 0: no attention was collected (enable statistics and run some tokens)")
     cum = np.cumsum(mass / total)
     out = []
-    for e in eps:
-        e = float(e)
-        if not (0.0 < e < 1.0):
-            raise ValueError(f"eps={e!r}: the receptive field is defined for 0 < eps < 1")
+    for e in _checked_eps(eps):
         k = min(int(np.searchsorted(cum, 1.0 - e, side="right")), len(cum) - 1)
         lo = int(bin_lower[k]) + 1
         hi = int(bin_lower[k + 1]) if k + 1 < len(bin_lower) else None
@@ -410,9 +416,9 @@ def report(rpes: Sequence[RPE], eps: Sequence[float], n_terms: int = N_TERMS) ->
         entry = {"params": r.params, "verdict": v.to_dict(), "B": None, "trf": None}
         if v.converges:
             n = int(r.support) if r.support is not None else n_terms
-            lo, hi, _ = _sum_bounds(r, v, n)
+            lo, hi, sums = _sum_bounds(r, v, n)  # summed once for B and every TRF(eps)
             entry["B"] = [lo, hi]
-            entry["trf"] = trf(r, eps, n_terms)
+            entry["trf"] = _trf_rows(r, _checked_eps(eps), lo, hi, sums)
         out[r.name] = entry
     return out
 
