@@ -344,3 +344,46 @@ def test_flash_attention_is_exact_for_mask_and_temperature(tiny, case):
         assert err < 0.1, f"flash attention, {case}: {err}"  # f16 K/V as in test_oracle's f16 tolerance
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("ceiling", [32, 16])
+def test_ceiling_with_far_cells_behind_another_sequence(tiny, ceiling):
+    """Patch 0011 scores only the span of cells that some query sees at distance >= C. Here another
+    sequence holds the first cells of a unified cache, so the stream's sinks sit at cells 7-10 and the
+    span starts with the other sequence's sinks, which the far mask must hide from this stream."""
+    import llama_cpp
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny
+    cfg = RefAttention(sinks=4, window=32, ceiling=ceiling)
+    llm = make_llm(path, AttentionConfig(sinks=4, window=32, ceiling=ceiling))
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 512, 64, 64, 2
+    params.kv_unified, params.type_k, params.type_v = True, 0, 0
+    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    params.n_threads = params.n_threads_batch = 2
+    ctx = llama_cpp.llama_init_from_model(llm.model, params)
+    assert ctx, "could not create a two-sequence context"
+    n_vocab = llm.n_vocab()
+    batch = llama_cpp.llama_batch_init(64, 0, 1)
+
+    def decode(chunk, seq, pos0, logits):
+        batch.n_tokens = len(chunk)
+        for i, t in enumerate(chunk):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos0 + i, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, logits
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+
+    try:
+        decode(tokens[::-1][:7], 1, 0, False)  # another sequence takes cells 0-6
+        got = np.empty((len(tokens), n_vocab))
+        for start in range(0, len(tokens), 64):
+            chunk = tokens[start:start + 64]
+            decode(chunk, 0, start, True)
+            got[start:start + len(chunk)] = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx),
+                                                                   shape=(len(chunk), n_vocab))
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        llm.close()
+    check(got, forward(model, tokens, cfg), f"ceiling {ceiling}, sinks after another sequence's cells")
