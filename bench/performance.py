@@ -1,0 +1,424 @@
+"""Speed and memory of reading long streams on the default model (issue 8's targets).
+
+  stream     One stream of --tokens tokens of Paul Graham's essays read the way `run` reads a document
+             (llama_extrapolate.Llama.eval, n_batch tokens at a time, logits of the last token only).
+             Prefill tokens/s is measured over each block of --block tokens; at each mark (8k, 16k, ...)
+             the stream stops to decode --decode tokens greedily one at a time (decode tokens/s after that
+             context), rolls them back and reads on. Resident memory (current and peak) at each mark.
+             --config lambda (S = 10, W = C = L_pre) or vanilla (full attention, a cache for the whole stream).
+  knobs-off  The patched library with every knob off against llama-cpp-python's own library built from the
+             same llama.cpp commit: the same llama_cpp.Llama code in fresh subprocesses, prefill of --prefill
+             tokens and --decode decoded tokens each; also the patched library collecting attention
+             statistics (the calibration's overhead). Each round runs the three back to back (the order
+             alternates); the summary is the median over rounds of the ratio within a round.
+  instructions  The knobs-off workload under valgrind's callgrind with one thread, counting the instructions
+             executed inside llama_decode on each library (deterministic; timings here are not).
+  exact      Lambda + ceiling over the first --tokens tokens of the ablation bench, compared bucket by bucket
+             with its committed NLL (measured before patch 0011 changed how the ceiling is computed).
+  soak       A stream of --tokens (cycling the essays) through a small window: peak RSS at each mark against
+             the peak after 16k tokens, and the NLL by bucket (is anything lost).
+  plot       bench/results/performance.png from the JSON.
+
+Each mode writes its section of bench/results/performance.json as it goes (a stream after every mark).
+Ratios that a target compares are taken within one run, since the machine is shared and noisy.
+
+    python bench/performance.py stream --config lambda --tokens 131072
+    python bench/performance.py stream --config vanilla --tokens 32768
+    python bench/performance.py knobs-off
+    python bench/performance.py soak --tokens 1048576 --window 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+OUT = RESULTS / "performance.json"
+MARKS = (8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576)
+
+
+def load_results(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_section(path: Path, key: str, value) -> None:
+    data = load_results(path)
+    data[key] = value
+    data["machine"] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                       "python": platform.python_version()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def rss_bytes() -> tuple:
+    """Current and peak resident memory of this process (Linux /proc; 0 elsewhere)."""
+    cur = peak = 0
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    cur = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return cur, peak
+
+
+def essay_tokens(llm, n: int) -> list:
+    """The first n tokens of the essays; past their end the essays start again (for the soak)."""
+    from llama_extrapolate.corpora import paul_graham_essays
+
+    text = paul_graham_essays()
+    toks = llm.tokenize(text.encode("utf-8"), add_bos=True)
+    out = list(toks)
+    while len(out) < n:
+        out.extend(toks[1:])
+    return out[:n]
+
+
+def attention_for(name: str, window: int, sinks: int):
+    from llama_extrapolate import AttentionConfig
+
+    if name == "lambda":
+        return AttentionConfig(sinks=sinks, window=window, ceiling=window)
+    if name == "vanilla":
+        return AttentionConfig.vanilla()
+    raise SystemExit(f"--config {name!r}: use lambda or vanilla")
+
+
+def decode_speed(llm, n: int) -> float:
+    """Greedy decode of n tokens one at a time after the current stream; rolled back afterwards."""
+    import llama_cpp
+
+    n_vocab = llm.n_vocab()
+    start = llm.n_tokens
+    t0 = time.perf_counter()
+    for _ in range(n):
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+        llm.eval([int(np.argmax(logits))])
+    seconds = time.perf_counter() - t0
+    llm.n_tokens = start  # the next eval removes the decoded tokens from the cache (within the rollback margin)
+    return n / seconds
+
+
+def run_stream(args) -> None:
+    from tqdm import tqdm
+
+    import llama_extrapolate as le
+
+    model = str(le.default_model_path())
+    info = le.read_model_info(model)
+    l_pre = int(info.context_length)
+    window = args.window or l_pre
+    cfg = attention_for(args.config, window, args.sinks)
+    n_batch = args.n_batch
+    if args.config == "vanilla":
+        n_ctx = args.tokens + n_batch + args.decode
+    else:
+        n_ctx = cfg.resolve(info).required_n_ctx(n_batch, stream=args.tokens)
+    llm = le.Llama(model, attention=cfg, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=args.threads,
+                   n_threads_batch=args.threads, verbose=False)
+    tokens = essay_tokens(llm, args.tokens)
+    marks = [m for m in MARKS if m <= args.tokens]
+    key = args.key or f"stream_{args.config}"
+    result = {"config": args.config, "window": window if args.config == "lambda" else None, "sinks": args.sinks,
+              "n_ctx": n_ctx, "n_batch": n_batch, "threads": args.threads, "tokens": args.tokens,
+              "block": args.block, "blocks": [], "marks": []}
+    llm.reset()
+    block_t0, block_n = time.perf_counter(), 0
+    bar = tqdm(total=len(tokens), desc=f"{args.config} stream", unit="tok")
+    t_start = time.perf_counter()
+    for s in range(0, len(tokens), n_batch):
+        chunk = tokens[s:s + n_batch]
+        llm.eval(chunk)
+        bar.update(len(chunk))
+        block_n += len(chunk)
+        done = s + len(chunk)
+        if block_n >= args.block:
+            now = time.perf_counter()
+            result["blocks"].append({"end": done, "tokens": block_n, "tok_s": block_n / (now - block_t0)})
+            block_n = 0
+        if done in marks:
+            cur, peak = rss_bytes()
+            entry = {"tokens": done, "prefill_tok_s": result["blocks"][-1]["tok_s"],
+                     "elapsed_s": time.perf_counter() - t_start, "rss_bytes": cur, "peak_rss_bytes": peak}
+            if args.decode:
+                entry["decode_tok_s"] = decode_speed(llm, args.decode)
+            result["marks"].append(entry)
+            save_section(Path(args.out), key, result)
+            bar.write(json.dumps(entry))
+        if block_n == 0:
+            block_t0 = time.perf_counter()
+    bar.close()
+    result["total_s"] = time.perf_counter() - t_start
+    save_section(Path(args.out), key, result)
+
+
+# --- knobs off: the same llama_cpp code on both libraries, in fresh processes ------------------------------
+
+WORKER = r"""
+import json, sys, time
+import numpy as np
+variant, model, n_prefill, n_decode, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+if variant != "upstream":
+    import llama_extrapolate
+    from llama_extrapolate import stats
+import llama_cpp
+llm = llama_cpp.Llama(model, n_ctx=n_prefill + n_decode + 64, n_batch=512, n_ubatch=512, n_threads=threads,
+                      n_threads_batch=threads, verbose=False)
+if variant == "patched+stats":
+    stats.enable(llm, True)
+text = open(sys.argv[6], encoding="utf-8").read()
+toks = llm.tokenize(text.encode("utf-8"), add_bos=True)[:n_prefill]
+llm.eval(toks[:512]); llm.reset()                       # warm-up: pages in the weights, builds the graphs
+t0 = time.perf_counter(); llm.eval(toks); t1 = time.perf_counter()
+n_vocab = llm.n_vocab()
+for _ in range(n_decode):
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+    llm.eval([int(np.argmax(logits))])
+t2 = time.perf_counter()
+print(json.dumps({"library": llama_cpp.llama_cpp._lib._name, "prefill_tok_s": len(toks) / (t1 - t0),
+                  "decode_tok_s": n_decode / (t2 - t1)}))
+"""
+
+
+def run_knobs_off(args) -> None:
+    import tempfile
+
+    from tqdm import tqdm
+
+    import llama_extrapolate as le
+    from llama_extrapolate.corpora import paul_graham_essays
+
+    model = str(le.default_model_path())
+    variants = ["upstream", "patched", "patched+stats"]
+    runs = {v: [] for v in variants}
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
+        f.write(paul_graham_essays()[:200_000])
+        text_path = f.name
+    try:
+        with tqdm(total=args.repeats * len(variants), desc="knobs-off", unit="run") as bar:
+            for r in range(args.repeats):
+                # alternate the order so drift on the shared machine falls on both sides
+                for v in (variants if r % 2 == 0 else variants[::-1]):
+                    out = subprocess.run([sys.executable, "-c", WORKER, v, model, str(args.prefill), str(args.decode),
+                                          str(args.threads), text_path], capture_output=True, text=True, env=env)
+                    if out.returncode != 0:
+                        raise SystemExit(f"worker {v} failed:\n{out.stderr[-2000:]}")
+                    runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                    bar.update(1)
+    finally:
+        os.unlink(text_path)
+    def ratios(num: str, den: str, field: str) -> dict:
+        # one ratio per round (the two runs of a round are back to back), so slow drift of the machine cancels
+        r = np.array([a[field] / b[field] for a, b in zip(runs[num], runs[den])])
+        return {"median": float(np.median(r)), "min": float(r.min()), "max": float(r.max())}
+
+    summary = {
+        "patched_over_upstream_prefill": ratios("patched", "upstream", "prefill_tok_s"),
+        "patched_over_upstream_decode": ratios("patched", "upstream", "decode_tok_s"),
+        "stats_overhead_prefill": ratios("patched", "patched+stats", "prefill_tok_s"),
+    }
+    save_section(Path(args.out), "knobs_off", {"prefill_tokens": args.prefill, "decode_tokens": args.decode,
+                                               "threads": args.threads, "repeats": args.repeats, "runs": runs,
+                                               "libraries": {v: runs[v][0]["library"] for v in variants},
+                                               "summary": summary})
+    print(json.dumps(summary, indent=1))
+
+
+def run_instructions(args) -> None:
+    """Instructions executed inside llama_decode (valgrind's callgrind, one thread): deterministic where
+    timings on a shared machine are not, so a small difference between the two libraries is visible."""
+    import re
+    import shutil
+    import tempfile
+
+    import llama_extrapolate as le
+    from llama_extrapolate.corpora import paul_graham_essays
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    model = str(le.default_model_path())
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}
+    counts = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        text_path = Path(tmp) / "text.txt"
+        text_path.write_text(paul_graham_essays()[:50_000], encoding="utf-8")
+        for v in ("upstream", "patched"):
+            out_file = Path(tmp) / f"callgrind.{v}"
+            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", "--toggle-collect=llama_decode",
+                   sys.executable, "-c", WORKER, v, model, str(args.prefill), str(args.decode), "1", str(text_path)]
+            res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if res.returncode != 0:
+                raise SystemExit(f"callgrind {v} failed:\n{res.stderr[-2000:]}")
+            m = re.search(r"^(?:summary|totals):\s+(\d+)", out_file.read_text(), re.M)
+            counts[v] = int(m.group(1))
+            print(v, counts[v])
+    summary = {"prefill_tokens": args.prefill, "decode_tokens": args.decode, "threads": 1,
+               "instructions_in_llama_decode": counts,
+               "patched_over_upstream": counts["patched"] / counts["upstream"]}
+    save_section(Path(args.out), "knobs_off_instructions", summary)
+    print(json.dumps(summary, indent=1))
+
+
+def run_exact(args) -> None:
+    """Patch 0011 changed how the ceiling is computed, not what: the Lambda + ceiling NLL of the ablation bench
+    (bench/results/lambda_ablation.json, measured before 0011) must come out again, bucket by bucket."""
+    import tempfile
+
+    committed = json.loads((RESULTS / "lambda_ablation.json").read_text())
+    ref = committed["configs"]["lambda+ceiling"]["buckets"]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ablation.json"
+        subprocess.run([sys.executable, str(HERE / "lambda_ablation.py"), "--tokens", str(args.tokens),
+                        "--configs", "lambda+ceiling", "--bucket", str(committed["bucket"]), "--out", str(out)],
+                       check=True)
+        new = json.loads(out.read_text())["configs"]["lambda+ceiling"]
+    pairs = [(a["nll"], b["nll"]) for a, b in zip(ref, new["buckets"]) if a["end"] == b["end"]]
+    diff = [abs(a - b) for a, b in pairs]
+    result = {"tokens": args.tokens, "buckets": len(pairs), "bucket": committed["bucket"],
+              "max_abs_nll_diff": max(diff), "tokens_per_second_now": new["tokens_per_second"],
+              "tokens_per_second_committed": committed["configs"]["lambda+ceiling"]["tokens_per_second"]}
+    save_section(Path(args.out), "exactness_vs_ablation", result)
+    print(json.dumps(result, indent=1))
+
+
+# --- soak ----------------------------------------------------------------------------------------------------
+
+def run_soak(args) -> None:
+    from llama_extrapolate import AttentionConfig
+    import llama_extrapolate as le
+    from llama_extrapolate.evaluate import streaming_nll
+
+    model = str(le.default_model_path())
+    info = le.read_model_info(model)
+    cfg = AttentionConfig(sinks=args.sinks, window=args.window, ceiling=args.window, rollback=0)
+    n_batch = args.n_batch
+    n_ctx = cfg.resolve(info).required_n_ctx(n_batch, stream=args.tokens)
+    llm = le.Llama(model, attention=cfg, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=args.threads,
+                   n_threads_batch=args.threads, verbose=False)
+    tokens = essay_tokens(llm, args.tokens)
+    marks = [m for m in MARKS if m <= args.tokens]
+    result = {"window": args.window, "sinks": args.sinks, "n_ctx": n_ctx, "tokens": args.tokens, "marks": [],
+              "bucket": args.bucket}
+    t0 = time.perf_counter()
+
+    def on_chunk(nll: np.ndarray, done: int) -> None:
+        if done in marks:
+            cur, peak = rss_bytes()
+            part = nll[:done - 1]
+            result["marks"].append({"tokens": done, "rss_bytes": cur, "peak_rss_bytes": peak,
+                                    "elapsed_s": time.perf_counter() - t0,
+                                    "nll_last_bucket": float(np.mean(part[-args.bucket:]))})
+            result["buckets"] = [float(np.mean(part[i:i + args.bucket])) for i in range(0, len(part), args.bucket)]
+            save_section(Path(args.out), "soak", result)
+
+    res = streaming_nll(llm, tokens, n_batch=n_batch, desc="soak", on_chunk=on_chunk)
+    result["nll_nan"] = int(np.isnan(res.nll).sum())
+    result["total_s"] = res.seconds
+    ref = next(m for m in result["marks"] if m["tokens"] == 16384)
+    result["peak_rss_over_16k"] = result["marks"][-1]["peak_rss_bytes"] / ref["peak_rss_bytes"]
+    save_section(Path(args.out), "soak", result)
+    print(json.dumps({k: result[k] for k in ("peak_rss_over_16k", "nll_nan", "total_s")}))
+
+
+# --- summary ---------------------------------------------------------------------------------------------------
+
+def prefill_at(sec: dict, end: int, span: int = 8192) -> float:
+    """Prefill tokens/s over the span tokens before `end` (several blocks: one block is too noisy here)."""
+    blocks = [b for b in sec["blocks"] if end - span < b["end"] <= end]
+    if not blocks or blocks[-1]["end"] != end:
+        return float("nan")
+    return sum(b["tokens"] for b in blocks) / sum(b["tokens"] / b["tok_s"] for b in blocks)
+
+
+def summarize(data: dict) -> dict:
+    """The issue's targets from the recorded streams: each ratio within one stream, or two streams of one run."""
+    out = {}
+    lam, van = data.get("stream_lambda"), data.get("stream_vanilla")
+    if lam:
+        marks = {m["tokens"]: m for m in lam["marks"]}
+        out["lambda_prefill_tok_s"] = {str(m): prefill_at(lam, m) for m in marks if m >= 16384}
+        out["lambda_decode_tok_s"] = {str(m): marks[m]["decode_tok_s"] for m in marks if "decode_tok_s" in marks[m]}
+        last = max(marks)
+        if 16384 in marks and last > 16384:
+            out["lambda_prefill_last_over_16k"] = prefill_at(lam, last) / prefill_at(lam, 16384)
+        if 8192 in marks and last > 8192:
+            out["lambda_decode_last_over_8k"] = marks[last]["decode_tok_s"] / marks[8192]["decode_tok_s"]
+            out["lambda_rss_last_over_16k"] = marks[last]["peak_rss_bytes"] / marks[16384]["peak_rss_bytes"]
+    if lam and van:
+        for m in (16384, 32768):
+            if any(b["end"] == m for b in van["blocks"]):
+                out[f"lambda_over_vanilla_prefill_{m}"] = prefill_at(lam, m, 2048) / prefill_at(van, m, 2048)
+    return out
+
+
+# --- plot ----------------------------------------------------------------------------------------------------
+
+def run_plot(args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = load_results(Path(args.out))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, sec in sorted(data.items()):
+        if not key.startswith("stream_"):
+            continue
+        blocks = sec["blocks"]
+        a.plot([x["end"] for x in blocks], [x["tok_s"] for x in blocks], label=key[len("stream_"):])
+        marks = [m for m in sec["marks"] if "decode_tok_s" in m]
+        b.plot([m["tokens"] for m in marks], [m["decode_tok_s"] for m in marks], "o-", label=key[len("stream_"):])
+    for ax, title in ((a, "prefill tokens/s (per block)"), (b, "decode tokens/s after the context")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens read")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("SmolLM2-135M Q4_1, 2 threads")
+    fig.tight_layout()
+    fig.savefig(Path(args.out).with_suffix(".png"), dpi=110)
+    print(f"wrote {Path(args.out).with_suffix('.png')}")
+    summary = summarize(data)
+    save_section(Path(args.out), "summary", summary)
+    print(json.dumps(summary, indent=1))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=["stream", "knobs-off", "instructions", "exact", "soak", "plot"])
+    ap.add_argument("--config", default="lambda")
+    ap.add_argument("--tokens", type=int, default=131072)
+    ap.add_argument("--window", type=int, default=0, help="Lambda window (default: the model's L_pre)")
+    ap.add_argument("--sinks", type=int, default=10)
+    ap.add_argument("--n-batch", type=int, default=512)
+    ap.add_argument("--block", type=int, default=2048, help="prefill tokens/s is measured per block")
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--prefill", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--bucket", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--key", default="", help="name of the stream's section in the JSON")
+    ap.add_argument("--out", default=str(OUT))
+    args = ap.parse_args(argv)
+    {"stream": run_stream, "knobs-off": run_knobs_off, "instructions": run_instructions, "exact": run_exact, "soak": run_soak,
+     "plot": run_plot}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()

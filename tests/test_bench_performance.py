@@ -1,0 +1,44 @@
+"""The arithmetic behind bench/performance.py's target ratios (the runs themselves are benchmarks, not tests)."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "performance.py"
+
+
+@pytest.fixture(scope="module")
+def perf():
+    spec = importlib.util.spec_from_file_location("bench_performance", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def stream(speeds, block=2048, marks=(), decode=None):
+    blocks = [{"end": block * (i + 1), "tokens": block, "tok_s": s} for i, s in enumerate(speeds)]
+    ms = [{"tokens": m, "peak_rss_bytes": 1000 + m // 1024, **({"decode_tok_s": decode[m]} if decode else {})}
+          for m in marks]
+    return {"blocks": blocks, "marks": ms}
+
+
+def test_prefill_at_is_tokens_over_seconds_of_the_span(perf):
+    sec = stream([100.0] * 4 + [50.0, 100.0, 100.0, 50.0])
+    # the 8192 tokens before 16384: two blocks at 50 tok/s (41 s each) and two at 100 (20.5 s each)
+    assert perf.prefill_at(sec, 16384) == pytest.approx(8192 / (2 * 2048 / 50 + 2 * 2048 / 100))
+    assert perf.prefill_at(sec, 16384, span=2048) == pytest.approx(50.0)
+    assert math.isnan(perf.prefill_at(sec, 20480))  # the stream did not reach it
+
+
+def test_summary_ratios(perf):
+    marks = (8192, 16384, 32768)
+    lam = stream([80.0] * 8 + [60.0] * 8, marks=marks, decode={8192: 30.0, 16384: 28.0, 32768: 27.0})
+    van = stream([80.0] * 4 + [40.0] * 4 + [15.0] * 8, marks=marks)
+    out = perf.summarize({"stream_lambda": lam, "stream_vanilla": van})
+    assert out["lambda_prefill_last_over_16k"] == pytest.approx(60.0 / 80.0)
+    assert out["lambda_decode_last_over_8k"] == pytest.approx(27.0 / 30.0)
+    assert out["lambda_over_vanilla_prefill_32768"] == pytest.approx(60.0 / 15.0)
+    assert out["lambda_over_vanilla_prefill_16384"] == pytest.approx(80.0 / 40.0)
+    assert out["lambda_rss_last_over_16k"] == pytest.approx((1000 + 32) / (1000 + 16))
