@@ -121,7 +121,21 @@ py::dict model_attention(std::uintptr_t model_address) {
     d["n_rollback"]             = p.n_rollback;
     d["temperature"]            = p.temperature;
     d["temperature_log_length"] = p.temperature_log_length;
+    d["n_top_k"]                = p.n_top_k;
+    d["n_top_k_layer"]          = p.n_top_k_layer;
+    d["n_top_k_distance"]       = p.n_top_k_distance;
     return d;
+}
+
+void set_top_k(std::uintptr_t ctx_address, uint32_t k, uint32_t layer, uint32_t distance) {
+    check_status(llama_ext_set_top_k(mutable_context_from_address(ctx_address), k, layer, distance),
+                 "llama_ext_set_top_k");
+}
+
+py::tuple get_top_k(std::uintptr_t ctx_address) {
+    uint32_t k = 0, layer = 0, distance = 0;
+    check_status(llama_ext_get_top_k(context_from_address(ctx_address), &k, &layer, &distance), "llama_ext_get_top_k");
+    return py::make_tuple(k, layer, distance);
 }
 
 void set_temperature(std::uintptr_t ctx_address,
@@ -248,6 +262,10 @@ PYBIND11_MODULE(_core, m) {
           "temperature schedule by points: lengths [n], tau [n] or [n, n_layer] or [n, n_layer, n_head]; n = 0 removes it");
     m.def("get_temperature_points", &get_temperature_points, py::arg("ctx_address"),
           "(lengths[n], tau[n, n_layer, n_head]) of the temperature schedule by points");
+    m.def("set_top_k", &set_top_k, py::arg("ctx_address"), py::arg("k"), py::arg("layer"), py::arg("distance"),
+          "top-k middle keys from the next decode on (k = 0: off, distance 0: the default); needs a model loaded "
+          "with attention.lambda.top_k > 0");
+    m.def("get_top_k", &get_top_k, py::arg("ctx_address"), "(k, layer, distance) in use, distance resolved");
     m.def("stats_enable", &stats_enable, py::arg("ctx_address"), py::arg("on"),
           "collect attention statistics while decoding (non-flash attention, one KV stream)");
     m.def("stats_enabled", [](std::uintptr_t ctx_address) {

@@ -25,6 +25,16 @@ class RefAttention:
     ceiling: int = 0  # C: distances are min(p - j, C); 0 = none
     tau: Union[float, np.ndarray] = 1.0  # scalar, (n_layer,) or (n_layer, n_head)
     log_length: int = 0  # L_tr of tau(p) = log L_tr / log max(p + 1, L_tr); 0 = off
+    top_k: int = 0  # each head of a layer >= top_k_layer adds the top_k middle keys (S <= j, p - j >= W)
+    top_k_layer: int = 0
+    top_k_distance: int = 0  # the distance the middle keys are scored at
+    top_k_from: int = 0  # only queries at positions >= top_k_from select middle keys (the question)
+
+    def middle(self, p: int, j: np.ndarray) -> np.ndarray:
+        return (j <= p) & (j >= self.sinks) & (p - j >= self.window) if self.window > 0 else np.zeros(len(j), bool)
+
+    def selects(self, layer: int, p: int) -> bool:
+        return self.top_k > 0 and layer >= self.top_k_layer and p >= self.top_k_from
 
     def visible(self, p: int, j: np.ndarray) -> np.ndarray:
         causal = j <= p
@@ -98,9 +108,32 @@ def rotate(x: np.ndarray, angles: np.ndarray, neox: bool = False) -> np.ndarray:
     return out
 
 
+class TopKMargin:
+    """The smallest gap between the k-th and the (k+1)-th middle logit the oracle met: a selection llama.cpp
+    must reproduce is only well defined when that gap is far above float rounding."""
+
+    def __init__(self):
+        self.gap = np.inf
+        self.rows = 0  # (query, head) rows that had more than k middle keys
+
+    def add(self, sorted_desc: np.ndarray, k: int) -> None:
+        if len(sorted_desc) > k:
+            self.gap = min(self.gap, float(sorted_desc[k - 1] - sorted_desc[k]))
+            self.rows += 1
+
+
+def _scores(q_i, kh_keys, d, D, rope_base, neox, alibi_slopes):
+    """Logits (H, K) of one query against keys at distances d (before the temperature)."""
+    if alibi_slopes is None:
+        qd = rotate(q_i[None, :, :], rope_angles(d, D, rope_base)[:, None, :], neox)  # (K, H, D)
+        return np.einsum("khd,khd->hk", qd, kh_keys) / np.sqrt(D)
+    logits = np.einsum("hd,khd->hk", q_i, kh_keys) / np.sqrt(D)
+    return logits - alibi_slopes[:, None] * np.asarray(d, dtype=np.float64)[None, :]
+
+
 def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: float,
               neox: bool = False, alibi_slopes: Optional[np.ndarray] = None,
-              stats: Optional[RefStats] = None) -> np.ndarray:
+              stats: Optional[RefStats] = None, margin: Optional[TopKMargin] = None) -> np.ndarray:
     """q (T, H, D), k and v (T, Hkv, D), unrotated; returns (T, H, D)."""
     T, H, D = q.shape
     group = H // k.shape[1]
@@ -111,18 +144,28 @@ def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: f
     for i, p in enumerate(positions):
         keys = np.nonzero(cfg.visible(p, positions))[0]
         d = cfg.distance(p, positions[keys])
-        if alibi_slopes is None:
-            qd = rotate(q[i][None, :, :], rope_angles(d, D, rope_base)[:, None, :], neox)  # (K, H, D)
-            logits = np.einsum("khd,khd->hk", qd, kh[keys]) / np.sqrt(D)
-        else:
-            logits = np.einsum("hd,khd->hk", q[i], kh[keys]) / np.sqrt(D)
-            logits = logits - alibi_slopes[:, None] * d[None, :]
-        logits = logits / cfg.temperature(layer, H, p)[:, None]
-        w = np.exp(logits - logits.max(axis=1, keepdims=True))
-        w /= w.sum(axis=1, keepdims=True)
-        if stats is not None:
-            stats.add(layer, logits, w, p - positions[keys])
-        out[i] = np.einsum("hk,khd->hd", w, vh[keys])
+        tau = cfg.temperature(layer, H, p)[:, None]
+        logits = _scores(q[i], kh[keys], d, D, rope_base, neox, alibi_slopes) / tau
+        mid = np.nonzero(cfg.middle(p, positions))[0] if cfg.selects(layer, p) else np.zeros(0, int)
+        if len(mid) == 0:
+            w = np.exp(logits - logits.max(axis=1, keepdims=True))
+            w /= w.sum(axis=1, keepdims=True)
+            if stats is not None:
+                stats.add(layer, logits, w, p - positions[keys])
+            out[i] = np.einsum("hk,khd->hd", w, vh[keys])
+            continue
+        # each head adds its own top_k middle keys, all scored at distance top_k_distance (ties: earlier key)
+        d_mid = np.full(len(mid), cfg.top_k_distance)
+        mid_logits = _scores(q[i], kh[mid], d_mid, D, rope_base, neox, alibi_slopes) / tau
+        for h in range(H):
+            order = np.argsort(-mid_logits[h], kind="stable")
+            if margin is not None:
+                margin.add(mid_logits[h][order], cfg.top_k)
+            pick = order[:cfg.top_k]
+            lg = np.concatenate([logits[h], mid_logits[h][pick]])
+            w = np.exp(lg - lg.max())
+            w /= w.sum()
+            out[i, h] = w @ np.concatenate([vh[keys, h], vh[mid[pick], h]])
     return out
 
 
@@ -131,7 +174,8 @@ def rms_norm(x, w, eps):
 
 
 def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
-            positions: Optional[Sequence[int]] = None, stats: Optional[RefStats] = None) -> np.ndarray:
+            positions: Optional[Sequence[int]] = None, stats: Optional[RefStats] = None,
+            margin: Optional[TopKMargin] = None) -> np.ndarray:
     """Logits (T, n_vocab) of a tiny llama model for the whole token sequence."""
     cfg = cfg or RefAttention()
     w = {name: t.astype(np.float64) for name, t in model.weights.items()}
@@ -145,7 +189,8 @@ def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention]
         q = (h @ w[f"blk.{il}.attn_q.weight"].T).reshape(T, H, D)
         k = (h @ w[f"blk.{il}.attn_k.weight"].T).reshape(T, Hkv, D)
         v = (h @ w[f"blk.{il}.attn_v.weight"].T).reshape(T, Hkv, D)
-        a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_base, neox=model.neox, stats=stats)
+        a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_base, neox=model.neox, stats=stats,
+                      margin=margin)
         x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
         h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], model.rms_eps)
         g = h @ w[f"blk.{il}.ffn_gate.weight"].T
@@ -167,7 +212,7 @@ def gelu(x):
 
 
 def forward_mpt(model: TinyMPT, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
-                stats: Optional[RefStats] = None) -> np.ndarray:
+                stats: Optional[RefStats] = None, margin: Optional[TopKMargin] = None) -> np.ndarray:
     """Logits (T, n_vocab) of a tiny MPT-like (ALiBi) model."""
     cfg = cfg or RefAttention()
     w = {name: t.astype(np.float64) for name, t in model.weights.items()}
@@ -180,7 +225,7 @@ def forward_mpt(model: TinyMPT, tokens: Sequence[int], cfg: Optional[RefAttentio
         h = layer_norm(x, w[f"blk.{il}.attn_norm.weight"], w[f"blk.{il}.attn_norm.bias"], model.norm_eps)
         qkv = h @ w[f"blk.{il}.attn_qkv.weight"].T
         q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(T, H, D) for i in range(3))
-        a = attention(q, k, v, positions, cfg, il, rope_base=0.0, alibi_slopes=slopes, stats=stats)
+        a = attention(q, k, v, positions, cfg, il, rope_base=0.0, alibi_slopes=slopes, stats=stats, margin=margin)
         x = x + a.reshape(T, d) @ w[f"blk.{il}.attn_output.weight"].T
         h = layer_norm(x, w[f"blk.{il}.ffn_norm.weight"], w[f"blk.{il}.ffn_norm.bias"], model.norm_eps)
         x = x + gelu(h @ w[f"blk.{il}.ffn_up.weight"].T) @ w[f"blk.{il}.ffn_down.weight"].T

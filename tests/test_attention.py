@@ -127,11 +127,14 @@ def test_metadata_keys_reach_llama_cpp_through_kv_overrides(tiny):
         "llama.attention.lambda.window": 40,
         "llama.attention.softmax_temperature": 0.9,
         "llama.attention.softmax_temperature.log_length": 50,
+        "llama.attention.lambda.top_k": 2,
+        "llama.attention.lambda.top_k_layer": 1,
     })
     try:
         got = llama_extrapolate._core.model_attention(llama_extrapolate.handles.model_address(llm))
         assert got == {"n_sink": 3, "n_window": 40, "n_ceiling": 0, "n_rollback": 0, "temperature": pytest.approx(0.9),
-                       "temperature_log_length": 50}
+                       "temperature_log_length": 50, "n_top_k": 2, "n_top_k_layer": 1, "n_top_k_distance": 20}
+        assert llama_extrapolate._core.get_top_k(llama_extrapolate.context_address(llm)) == (2, 1, 20)
         tau, log_length = llama_extrapolate._core.get_temperature(llama_extrapolate.context_address(llm))
         assert np.allclose(tau, 0.9) and log_length == 50
     finally:
@@ -168,7 +171,7 @@ def test_ceiling_with_default_f16_cache(tiny):
 
 @pytest.mark.parametrize("kwargs, words", [
     (dict(flash_attn=True), "flash_attn=True with ceiling=32"),
-    (dict(type_k=8), "type_k=8 with ceiling=32"),
+    (dict(type_k=8, type_v=8), "type_v=8: a quantized V cache needs flash attention"),
 ])
 def test_ceiling_refuses_inexact_settings(tiny, kwargs, words):
     from llama_extrapolate import AttentionConfig

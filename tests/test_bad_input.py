@@ -97,8 +97,17 @@ def _config_cases():
         ("n_ctx too small", lambda m: _llama(m, A(sinks=4, window=1024)), ValueError, "got n_ctx=256"),
         ("flash with ceiling", lambda m: _llama(m, A(sinks=4, window=32, ceiling=32), n_ctx=1024, flash_attn=True),
          ValueError, "flash_attn=True with ceiling=32"),
-        ("quantized K with ceiling", lambda m: _llama(m, A(sinks=4, window=32, ceiling=32), n_ctx=1024, type_k=8),
-         ValueError, "type_k=8"),
+        ("quantized V with ceiling", lambda m: _llama(m, A(sinks=4, window=32, ceiling=32), n_ctx=1024, type_k=8,
+                                                      type_v=8), ValueError, "type_v=8"),
+        ("top-k without window", lambda m: A(window=0, sinks=0, top_k=5), ValueError, "top_k=5 with window=0"),
+        ("top-k layer", lambda m: _llama(m, A(sinks=4, window=32, top_k=5, top_k_layer=7), n_ctx=1024), ValueError,
+         "top_k_layer=7"),
+        ("top-k distance 0", lambda m: A(top_k=5, top_k_distance=0), ValueError, "top_k_distance=0"),
+        ("top-k scope", lambda m: A(top_k=5, top_k_scope="prompt"), ValueError, "top_k_scope='prompt'"),
+        ("top-k layer without k", lambda m: A(top_k_layer=3), ValueError, "without top_k"),
+        ("top-k negative", lambda m: A(top_k=-1), ValueError, "top_k=-1"),
+        ("flash with top-k", lambda m: _llama(m, A(sinks=4, window=32, ceiling=0, top_k=2, top_k_layer=1), n_ctx=1024,
+                                              flash_attn=True), ValueError, "flash_attn=True with top_k=2"),
         ("attention type", lambda m: _llama(m, "lambda"), TypeError, "attention='lambda'"),
         ("profile not JSON", lambda m: A.from_profile(str(m)), ValueError, "is not a calibration profile"),
     ]
@@ -112,8 +121,9 @@ def _llama(model_path, attention, n_ctx=256, **kw):
 
 
 CONFIG_IDS = ["sinks", "window", "ceiling", "rollback", "temperature 0", "temperature nan", "temperature per layer",
-              "schedule", "points order", "n_ctx too small", "flash with ceiling", "quantized K with ceiling",
-              "attention type", "profile not JSON"]
+              "schedule", "points order", "n_ctx too small", "flash with ceiling", "quantized V with ceiling",
+              "top-k without window", "top-k layer", "top-k distance 0", "top-k scope", "top-k layer without k",
+              "top-k negative", "flash with top-k", "attention type", "profile not JSON"]
 
 
 @pytest.mark.parametrize("case", CONFIG_IDS)

@@ -27,6 +27,9 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_SINKS = 10
 # a chat turn's re-tokenized tail differs from the generated tokens by a few tokens; 256 covers it
 DEFAULT_ROLLBACK = 256
+# LM-Infinite's choice for Llama-2 (Appendix A.3, picked on held-out passkey retrieval): k = 5 keys from layer 5 on
+DEFAULT_TOP_K_LAYER = 5
+TOP_K_SCOPES = ("all", "question")
 
 Temperature = Union[float, Sequence[float], Sequence[Sequence[float]], np.ndarray]
 
@@ -54,6 +57,10 @@ class ResolvedAttention:
     log_length: int  # 0 = no schedule
     points_lengths: Tuple[int, ...] = ()  # schedule by points: tau also times the value interpolated in log length
     points_tau: np.ndarray = None  # float32 [n_points, n_layer, n_head]
+    top_k: int = 0  # middle keys per head (0 = off; > 0: the cache keeps every key)
+    top_k_layer: int = 0
+    top_k_distance: int = 0  # as resolved (> 0 when top_k > 0)
+    top_k_scope: str = "all"
 
     @property
     def lambda_mask(self) -> bool:
@@ -73,15 +80,24 @@ class ResolvedAttention:
             f"{a}.lambda.rollback": int(self.rollback),
             f"{a}.softmax_temperature.log_length": int(self.log_length),
         }
+        if self.top_k > 0:
+            out[f"{a}.lambda.top_k"] = int(self.top_k)
+            out[f"{a}.lambda.top_k_layer"] = int(self.top_k_layer)
+            out[f"{a}.lambda.top_k_distance"] = int(self.top_k_distance)
         uniform = self.temperature.flat[0]
         if np.all(self.temperature == uniform):
             out[f"{a}.softmax_temperature"] = float(uniform)
         return out
 
+    @property
+    def bounded_cache(self) -> bool:
+        """The cache frees the keys the window hides (not with top-k middle keys, which may select them)."""
+        return self.window > 0 and self.top_k == 0
+
     def check_context(self, n_ctx: int, n_ubatch: int) -> None:
         """The cache must hold the sinks, the window, the rollback margin and one ubatch."""
         need = self.required_n_ctx(n_ubatch, stream=0)
-        if self.window > 0 and n_ctx < need:
+        if self.bounded_cache and n_ctx < need:
             raise ValueError(
                 f"window={self.window} with sinks={self.sinks} and rollback={self.rollback} needs "
                 f"n_ctx >= sinks + window + rollback + n_ubatch = {need}, got n_ctx={n_ctx}: raise n_ctx or "
@@ -89,8 +105,9 @@ class ResolvedAttention:
             )
 
     def required_n_ctx(self, n_ubatch: int, stream: int) -> int:
-        """Smallest n_ctx for a stream of `stream` tokens: bounded with a window, the whole stream without."""
-        if self.window > 0:
+        """Smallest n_ctx for a stream of `stream` tokens: bounded with a window, the whole stream without
+        (or with top-k middle keys)."""
+        if self.bounded_cache:
             return self.sinks + self.window + self.rollback + n_ubatch
         return stream
 
@@ -116,6 +133,16 @@ class AttentionConfig:
     linearly in log(p + 1) between ``temperature_points`` ((L_1, tau_1), ...),
     held at the end values outside them (a calibration profile, see
     ``from_profile``).
+
+    ``top_k`` > 0 (LM-Infinite's optional component): in layers >=
+    ``top_k_layer`` (default 5) each head also attends to the ``top_k`` keys the
+    window hides with the largest logits, scored at distance
+    ``top_k_distance`` (default C/2, or W/2 without a ceiling). The cache then
+    keeps every key, so n_ctx must hold the whole stream. ``top_k_scope``:
+    "all" applies it to every query; "question" reads with plain Lambda
+    attention and applies it once ``Llama.set_top_k_active(True)`` is called
+    (``llama-extrapolate run`` and the passkey task do that where the question
+    starts).
     """
 
     sinks: int = DEFAULT_SINKS
@@ -126,8 +153,26 @@ class AttentionConfig:
     temperature_schedule: Optional[str] = None
     log_length: Optional[int] = None
     temperature_points: Optional[Tuple[Tuple[int, Temperature], ...]] = None
+    top_k: int = 0
+    top_k_layer: Optional[int] = None
+    top_k_distance: Optional[int] = None
+    top_k_scope: str = "all"
 
     def __post_init__(self) -> None:
+        _check_count("top_k", self.top_k, allow_none=False)
+        _check_count("top_k_layer", self.top_k_layer)
+        _check_count("top_k_distance", self.top_k_distance)
+        if self.top_k > 0 and self.window == 0:
+            raise ValueError(f"top_k={self.top_k} with window=0: the middle keys are the ones the window hides; "
+                             "set a window (or None for the model's length) or top_k=0")
+        if self.top_k_distance == 0:
+            raise ValueError("top_k_distance=0: the middle keys need a distance >= 1 (None for the default C/2)")
+        if self.top_k_scope not in TOP_K_SCOPES:
+            raise ValueError(f"top_k_scope={self.top_k_scope!r}: use 'all' (every query) or 'question' (only after "
+                             "Llama.set_top_k_active(True))")
+        if self.top_k == 0 and (self.top_k_layer is not None or self.top_k_distance is not None):
+            raise ValueError(f"top_k_layer={self.top_k_layer!r} / top_k_distance={self.top_k_distance!r} without "
+                             "top_k: set top_k > 0 to use the middle keys")
         _check_count("sinks", self.sinks, allow_none=False)
         _check_count("window", self.window)
         _check_count("ceiling", self.ceiling)
@@ -287,10 +332,20 @@ class AttentionConfig:
             lengths = tuple(int(L) for L, _ in self.temperature_points)
             points_tau = np.stack([_per_unit(t, n_layer, n_head, f"temperature_points tau at length {L}")
                                    for L, t in self.temperature_points])
+        top_k, top_k_layer, top_k_distance = int(self.top_k), 0, 0
+        if top_k > 0:
+            top_k_layer = DEFAULT_TOP_K_LAYER if self.top_k_layer is None else int(self.top_k_layer)
+            if top_k_layer >= n_layer:
+                raise ValueError(f"top_k_layer={top_k_layer}: {info.path} has {n_layer} layers; use a layer in "
+                                 f"0..{n_layer - 1}")
+            top_k_distance = (max(1, (ceiling if ceiling > 0 else window) // 2) if self.top_k_distance is None
+                              else int(self.top_k_distance))
         resolved = ResolvedAttention(sinks=sinks, window=window, ceiling=ceiling, rollback=rollback,
                                      temperature=np.ascontiguousarray(tau, dtype=np.float32),
                                      log_length=log_length, points_lengths=lengths,
-                                     points_tau=np.ascontiguousarray(points_tau, dtype=np.float32))
+                                     points_tau=np.ascontiguousarray(points_tau, dtype=np.float32),
+                                     top_k=top_k, top_k_layer=top_k_layer, top_k_distance=top_k_distance,
+                                     top_k_scope=self.top_k_scope)
         return resolved
 
 

@@ -71,16 +71,21 @@ class Llama(llama_cpp.Llama):
         loaded = _core.model_attention(model_address(self))
         expected = self.attention_resolved
         if (loaded["n_sink"], loaded["n_window"], loaded["n_ceiling"], loaded["n_rollback"],
-                loaded["temperature_log_length"]) != (expected.sinks, expected.window, expected.ceiling,
-                                                      expected.rollback, expected.log_length):
+                loaded["temperature_log_length"], loaded["n_top_k"]) != (
+                    expected.sinks, expected.window, expected.ceiling, expected.rollback, expected.log_length,
+                    expected.top_k) or (expected.top_k > 0 and (loaded["n_top_k_layer"], loaded["n_top_k_distance"])
+                                        != (expected.top_k_layer, expected.top_k_distance)):
             raise RuntimeError(f"the library was loaded with {loaded}, not with {expected}: the overrides did not apply")
         # per-layer / per-head values and points (metadata carries only one number) go through the C API
         self._apply_temperature(expected)
+        if expected.top_k > 0 and expected.top_k_scope == "question":
+            self.set_top_k_active(False)  # read with plain Lambda attention until the question
 
         # with a window the cache is bounded, so a stream may be as long as the caller likes: the token
         # history keeps the recent ids only, and llama-cpp-python's context-window checks
-        # (create_completion's "Requested tokens exceed context window") see no limit
-        self._unbounded_stream = expected.window > 0
+        # (create_completion's "Requested tokens exceed context window") see no limit; with top-k
+        # middle keys the cache keeps every key and n_ctx is the limit, as for vanilla attention
+        self._unbounded_stream = expected.bounded_cache
         if self._unbounded_stream:
             self.input_ids = TokenHistory()
             self._n_ctx = UNBOUNDED_CONTEXT
@@ -95,10 +100,15 @@ class Llama(llama_cpp.Llama):
             if flash:
                 raise ValueError(f"flash_attn=True with ceiling={r.ceiling}: the RoPE distance ceiling needs the "
                                  "non-flash attention path; use flash_attn=False")
-            type_k = kwargs.get("type_k")
-            if type_k is not None and int(type_k) not in (0, 1):
-                raise ValueError(f"type_k={type_k} with ceiling={r.ceiling}: the RoPE distance ceiling needs an f16 "
-                                 "(1) or f32 (0) K cache")
+        if r.top_k > 0 and flash:
+            raise ValueError(f"flash_attn=True with top_k={r.top_k}: the top-k middle keys need the non-flash "
+                             "attention path; use flash_attn=False")
+        type_v = kwargs.get("type_v")
+        if (r.top_k > 0 or (r.ceiling > 0 and encoding == "rope")) and type_v is not None and int(type_v) not in (0, 1):
+            # llama.cpp quantizes the V cache only for flash attention, which these paths cannot use
+            raise ValueError(f"type_v={type_v}: a quantized V cache needs flash attention, which the distance "
+                             "ceiling and the top-k middle keys cannot use; quantize K only (type_k=8 for q8_0) "
+                             "and keep type_v f16 (1)")
         if encoding == "alibi" and flash:
             if r.temperature_on:
                 raise ValueError("flash_attn=True with a softmax temperature on an ALiBi model: the temperature-"
@@ -128,6 +138,38 @@ class Llama(llama_cpp.Llama):
         resolved = config.resolve(self.model_info)
         self._apply_temperature(resolved)
         self.attention, self.attention_resolved = config, resolved
+
+    def set_top_k_active(self, on: bool) -> None:
+        """Switch the top-k middle keys on or off from the next decode on (``top_k_scope="question"``: read the
+        document with them off, then switch them on for the question and the answer)."""
+        r = self.attention_resolved
+        if r.top_k == 0:
+            raise ValueError("set_top_k_active: this model was loaded without top-k middle keys; use "
+                             "AttentionConfig(top_k=5, ...) so that the cache keeps them")
+        _core.set_top_k(context_address(self), r.top_k if on else 0, r.top_k_layer, r.top_k_distance)
+
+    def set_top_k(self, k: int, layer: Optional[int] = None, distance: Optional[int] = None) -> None:
+        """Change k, the first layer and the distance of the top-k middle keys between decodes (k = 0: off;
+        None keeps the value the model was loaded with)."""
+        from dataclasses import replace
+
+        r = self.attention_resolved
+        layer = r.top_k_layer if layer is None else layer
+        distance = r.top_k_distance if distance is None else distance
+        if r.top_k == 0:
+            raise ValueError("set_top_k: this model was loaded without top-k middle keys; use "
+                             "AttentionConfig(top_k=5, ...) so that the cache keeps them")
+        if k == 0:
+            _core.set_top_k(context_address(self), 0, 0, 0)
+            return
+        config = replace(self.attention, top_k=k, top_k_layer=layer, top_k_distance=distance)
+        resolved = config.resolve(self.model_info)
+        _core.set_top_k(context_address(self), resolved.top_k, resolved.top_k_layer, resolved.top_k_distance)
+
+    @property
+    def top_k_state(self) -> tuple:
+        """(k, layer, distance) the library applies now (k = 0: off)."""
+        return tuple(int(x) for x in _core.get_top_k(context_address(self)))
 
     def get_temperature(self) -> tuple:
         """(tau[n_layer, n_head], log_length) as the library holds them."""
@@ -162,6 +204,12 @@ class Llama(llama_cpp.Llama):
     def eval(self, tokens) -> None:
         """Decode tokens; with a window, the stream may grow past n_ctx (the cache stays bounded)."""
         if not self._unbounded_stream:
+            tokens = list(tokens)
+            if self.attention_resolved.top_k > 0 and self.n_tokens + len(tokens) > self._n_ctx:
+                raise ValueError(
+                    f"top_k={self.attention_resolved.top_k} keeps every key in the cache, and "
+                    f"{self.n_tokens + len(tokens)} tokens exceed n_ctx={self._n_ctx}: raise n_ctx to the "
+                    "document length (plus the answer), or use top_k=0 for a bounded cache")
             return super().eval(tokens)
         tokens = list(tokens)
         if self._logits_all and self.n_tokens + len(tokens) > self.scores.shape[0]:

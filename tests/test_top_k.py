@@ -1,0 +1,233 @@
+"""Top-k middle keys (LM-Infinite section 4) in llama.cpp against the numpy oracle, on tiny models.
+
+Each head of a layer >= h0 adds the k keys the window hides (S <= j, p - j >= W) with the largest
+logits scored at distance D. The oracle selects them in float64 by sorting (ties: the earlier key);
+llama.cpp selects with ggml_top_k in float32. The two agree when the k-th and (k+1)-th logits are
+further apart than float rounding, which `TopKMargin` records and the tests assert, so a pass is not
+luck. (Layer 0 has exact ties: a repeated token has the same unrotated key and the same value there,
+so whichever copy is picked the output is the same; its margin is not asserted.)
+"""
+
+import numpy as np
+import pytest
+
+from conftest import random_tokens
+from reference import RefAttention, TopKMargin, forward, forward_mpt
+
+N_TOKENS = 300
+TOL = 2e-3
+LAMBDA = dict(sinks=4, window=32, ceiling=32)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama):
+    model, path = tiny_llama
+    return model, path, random_tokens(model, N_TOKENS, seed=2)
+
+
+def make_llm(path, attention, ubatch=64, **kw):
+    import llama_extrapolate
+
+    kw.setdefault("type_k", 0)
+    kw.setdefault("type_v", 0)
+    return llama_extrapolate.Llama(str(path), attention=attention, n_ctx=512, n_batch=ubatch, n_ubatch=ubatch,
+                                   n_threads=2, logits_all=True, verbose=False, **kw)
+
+
+def scores(llm, n):
+    return np.asarray(llm.scores[:n], dtype=np.float64)
+
+
+def run(llm, tokens):
+    llm.reset()
+    llm.eval(tokens)
+    return scores(llm, len(tokens))
+
+
+def reference(model, tokens, forward_fn=forward, **cfg):
+    margin = TopKMargin()
+    ref = forward_fn(model, tokens, RefAttention(**cfg), margin=margin)
+    return ref, margin
+
+
+@pytest.mark.parametrize("ubatch", [1, 64])
+@pytest.mark.parametrize("k, layer, distance", [(3, 1, 16), (3, 0, 16), (1, 1, 8), (6, 1, 30)])
+def test_every_query_selects_its_middle_keys(tiny, k, layer, distance, ubatch):
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny
+    cfg = dict(LAMBDA, top_k=k, top_k_layer=layer, top_k_distance=distance)
+    llm = make_llm(path, AttentionConfig(**cfg), ubatch=ubatch)
+    try:
+        got = run(llm, tokens)
+    finally:
+        llm.close()
+    ref, margin = reference(model, tokens, **cfg)
+    plain = forward(model, tokens, RefAttention(**LAMBDA))
+    assert margin.rows > 0
+    if layer > 0:
+        assert margin.gap > 1e-4, f"selection ill-defined for this text (gap {margin.gap}): pick another seed"
+    assert np.abs(ref - plain).max() > 0.5, "the middle keys must change the output for this test to mean anything"
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"k={k}, h0={layer}, D={distance}, ubatch {ubatch}: max |llama.cpp - oracle| = {err}"
+
+
+def test_default_distance_is_half_the_ceiling_or_window(tiny):
+    from llama_extrapolate import AttentionConfig
+
+    _, path, _ = tiny
+    for attention, want in ((AttentionConfig(sinks=4, window=32, ceiling=24, top_k=2, top_k_layer=1), 12),
+                            (AttentionConfig(sinks=4, window=32, ceiling=0, top_k=2, top_k_layer=1), 16)):
+        llm = make_llm(path, attention)
+        try:
+            assert llm.top_k_state == (2, 1, want)
+            assert llm.attention_resolved.top_k_distance == want
+        finally:
+            llm.close()
+
+
+def test_question_scope_reads_with_plain_lambda_then_selects(tiny):
+    """top_k_scope='question': the document is read with the Lambda mask only (the cache keeps its middle keys),
+    then the queries from the question on select them."""
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny
+    cfg = dict(LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16)
+    llm = make_llm(path, AttentionConfig(**cfg, top_k_scope="question"))
+    try:
+        assert llm.top_k_state[0] == 0
+        llm.reset()
+        llm.eval(tokens[:250])
+        llm.set_top_k_active(True)
+        assert llm.top_k_state == (3, 1, 16)
+        llm.eval(tokens[250:])
+        got = scores(llm, N_TOKENS)
+    finally:
+        llm.close()
+    ref, _ = reference(model, tokens, **cfg, top_k_from=250)
+    plain = forward(model, tokens, RefAttention(**LAMBDA))
+    assert np.abs(ref[250:] - plain[250:]).max() > 0.5
+    assert np.abs(got - ref).max() < TOL
+
+
+def test_k_layer_distance_change_between_decodes_and_off_is_lambda(tiny):
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny
+    llm = make_llm(path, AttentionConfig(**LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16))
+    try:
+        llm.set_top_k(5, distance=24)
+        assert llm.top_k_state == (5, 1, 24)
+        got = run(llm, tokens)
+        ref, _ = reference(model, tokens, **LAMBDA, top_k=5, top_k_layer=1, top_k_distance=24)
+        assert np.abs(got - ref).max() < TOL
+        llm.set_top_k(0)
+        assert llm.top_k_state[0] == 0
+        got = run(llm, tokens)
+        assert np.abs(got - forward(model, tokens, RefAttention(**LAMBDA))).max() < TOL
+        with pytest.raises(ValueError, match="top_k_layer=2"):
+            llm.set_top_k(3, layer=2)
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("ceiling", [32, 0])
+def test_alibi_middle_keys_take_the_bias_at_distance_d(tiny_mpt_model, ceiling):
+    from llama_extrapolate import AttentionConfig
+
+    model, path = tiny_mpt_model
+    tokens = random_tokens(model, N_TOKENS, seed=4)  # a text whose selections have clear margins (> 1e-3)
+    cfg = dict(sinks=4, window=32, ceiling=ceiling, top_k=3, top_k_layer=1, top_k_distance=16)
+    llm = make_llm(path, AttentionConfig(**cfg))
+    try:
+        got = run(llm, tokens)
+    finally:
+        llm.close()
+    ref, margin = reference(model, tokens, forward_mpt, **cfg)
+    plain = forward_mpt(model, tokens, RefAttention(**{k: cfg[k] for k in ("sinks", "window", "ceiling")}))
+    assert margin.gap > 1e-4 and np.abs(ref - plain).max() > 0.5
+    # 1e-2 as in test_attention_alibi: ggml's CPU GELU goes through a half-precision table
+    assert np.abs(got - ref).max() < 1e-2
+
+
+def test_quantized_k_cache(tmp_path):
+    """q8_0 keys (head size 32: one q8_0 block per head) with the ceiling and the middle keys: the keys are
+    dequantized before they are rotated back, so the error is q8_0's own, as large as on the upstream path
+    (Lambda mask only), and far below what the middle keys change."""
+    from llama_extrapolate import AttentionConfig
+    from tinymodel import TinyLlama
+
+    model = TinyLlama(n_embd=128)
+    model.make_weights()
+    path = model.write(tmp_path / "tiny-hd32.gguf")
+    tokens = random_tokens(model, N_TOKENS, seed=2)
+    top_k = dict(LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16)
+    cases = {"lambda-only": dict(sinks=4, window=32, ceiling=0), "lambda+ceiling": LAMBDA, "top-k": top_k}
+    errors, refs = {}, {}
+    for name, cfg in cases.items():
+        refs[name], _ = reference(model, tokens, **cfg)
+        for type_k in (0, 8):  # f32, q8_0
+            llm = make_llm(path, AttentionConfig(**cfg), type_k=type_k, type_v=1)
+            try:
+                errors[name, type_k] = np.abs(run(llm, tokens) - refs[name]).max()
+            finally:
+                llm.close()
+    q8_upstream = errors["lambda-only", 8]
+    for name in cases:
+        assert errors[name, 0] < 0.05, errors  # f16 V
+        assert errors[name, 8] < 1.5 * q8_upstream, errors
+    assert np.abs(refs["top-k"] - refs["lambda+ceiling"]).max() > 3 * errors["top-k", 8], errors
+
+
+def test_cache_keeps_the_middle_keys_and_n_ctx_is_the_limit(tiny):
+    import llama_cpp
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.handles import context_address
+
+    _, path, tokens = tiny
+    llm = make_llm(path, AttentionConfig(**LAMBDA, top_k=3, top_k_layer=1))
+    try:
+        llm.reset()
+        llm.eval(tokens)
+        mem = llama_cpp.llama_get_memory(llm.ctx)
+        assert llama_cpp.llama_memory_seq_pos_min(mem, 0) == 0  # nothing freed, nothing re-based
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == N_TOKENS - 1
+        with pytest.raises(ValueError, match="exceed n_ctx=512"):
+            llm.eval(tokens[:250])
+        assert context_address(llm)
+    finally:
+        llm.close()
+
+
+def test_top_k_needs_a_model_loaded_with_it(tiny):
+    from llama_extrapolate import AttentionConfig
+    import llama_extrapolate
+
+    _, path, _ = tiny
+    llm = make_llm(path, AttentionConfig(**LAMBDA))
+    try:
+        with pytest.raises(ValueError, match="loaded without top-k"):
+            llm.set_top_k_active(True)
+        with pytest.raises(ValueError, match="not supported for this model"):
+            llama_extrapolate._core.set_top_k(llama_extrapolate.context_address(llm), 3, 1, 16)
+    finally:
+        llm.close()
+    llm = make_llm(path, AttentionConfig(**LAMBDA, top_k=3, top_k_layer=1))
+    try:
+        with pytest.raises(ValueError, match="not supported for this model"):  # statistics read one mask
+            llama_extrapolate._core.stats_enable(llama_extrapolate.context_address(llm), True)
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("overrides", [
+    {"llama.attention.lambda.top_k": 2},  # no window
+    {"llama.attention.lambda.window": 32, "llama.attention.lambda.top_k": 2, "llama.attention.lambda.top_k_layer": 2},
+])
+def test_library_refuses_bad_top_k_metadata_without_crashing(tiny, overrides):
+    """Through plain llama_cpp (no Python checks) the model loader refuses: an exception, not a crash."""
+    import llama_cpp
+
+    _, path, _ = tiny
+    with pytest.raises(ValueError, match="Failed to load model"):
+        llama_cpp.Llama(str(path), n_ctx=256, verbose=False, kv_overrides=overrides)
