@@ -111,6 +111,7 @@ def test_context_shift_keeps_the_stream_going(tiny_llama):
 @pytest.mark.parametrize("args, words", [
     (["--tokens", "1"], "--tokens 1"),
     (["--configs", "magic"], "configuration 'magic'"),
+    (["--configs", "lambda,lambda+top-k"], "use it with the passkey command"),
     (["--configs", ""], "--configs is empty"),
     (["--corpus", "klingon"], "corpus 'klingon'"),
     (["--bucket", "0"], "--bucket 0"),

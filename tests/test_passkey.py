@@ -35,6 +35,9 @@ def test_passkey_prompt_has_the_length_and_depth(smol_tokenize, length, depth):
     else:
         raise AssertionError("the key line is not in the prompt")
     assert abs(i / len(text_ids) - depth) < 0.08
+    # the question (where top_k_scope="question" switches the middle keys on) is the prompt's tail
+    n_question = len(smol_tokenize(tasks.PASSKEY_QUESTION, False))
+    assert abs(len(p.tokens) - p.question_start - n_question) <= 1
 
 
 def test_needle_prompt_in_essays(smol_tokenize):
@@ -61,12 +64,12 @@ def test_passkey_run_is_resumable_and_plots(tmp_path, tiny_llama, monkeypatch):
     _, path = tiny_llama
     out = tmp_path / "pk.json"
     argv = ["passkey", "--model", str(path), "--lengths", "200,300", "--depths", "0,1", "--trials", "2",
-            "--configs", "lambda,vanilla,context-shift", "--window", "32", "--sinks", "4", "--n-batch", "32",
-            "--threads", "2", "--quiet", "--output", str(out)]
+            "--configs", "lambda,vanilla,context-shift,lambda+top-k", "--window", "32", "--sinks", "4",
+            "--n-batch", "32", "--threads", "2", "--quiet", "--output", str(out)]
     assert cli.main(argv) == 0
     res = json.loads(out.read_text())
-    assert len(res["trials"]) == 3 * 2 * 2 * 2
-    assert set(res["accuracy"]) == {"lambda", "vanilla", "context-shift"}
+    assert len(res["trials"]) == 4 * 2 * 2 * 2
+    assert set(res["accuracy"]) == {"lambda", "vanilla", "context-shift", "lambda+top-k"}
     for t in res["trials"]:
         assert t["correct"] == (tasks._first_number(t["answer"]) == t["key"])
     keys = {(t["length"], t["depth"], t["trial"]): t["key"] for t in res["trials"] if t["config"] == "lambda"}

@@ -231,3 +231,70 @@ def test_library_refuses_bad_top_k_metadata_without_crashing(tiny, overrides):
     _, path, _ = tiny
     with pytest.raises(ValueError, match="Failed to load model"):
         llama_cpp.Llama(str(path), n_ctx=256, verbose=False, kv_overrides=overrides)
+
+
+@pytest.mark.parametrize("scope, layer", [("question", 1), ("all", 1)])
+def test_long_stream_skips_hidden_cells_exactly(tiny, scope, layer):
+    """1200 tokens under a window of 32: the cache keeps ~1100 middle keys, whole 256-cell blocks of which no
+    query of a ubatch sees; layers that select none (all while reading, layer 0 always) cut them out of the
+    view. Same output as the oracle, which never cuts anything."""
+    from llama_extrapolate import AttentionConfig
+    import llama_extrapolate
+    from conftest import random_tokens
+
+    model, path, _ = tiny
+    tokens = random_tokens(model, 1200, seed=9)  # selections with clear margins (> 1e-4) in both scopes
+    cfg = dict(LAMBDA, top_k=3, top_k_layer=layer, top_k_distance=16)
+    read = 1100 if scope == "question" else 0
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(**cfg, top_k_scope=scope), n_ctx=1536,
+                                  n_batch=64, n_ubatch=64, n_threads=2, logits_all=True, verbose=False, type_k=0,
+                                  type_v=0)
+    try:
+        llm.reset()
+        if read:
+            llm.eval(tokens[:read])
+            llm.set_top_k_active(True)
+        llm.eval(tokens[read:])
+        got = scores(llm, len(tokens))
+    finally:
+        llm.close()
+    ref, margin = reference(model, tokens, **cfg, top_k_from=read)
+    assert margin.gap > 1e-4
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"{scope}: max |llama.cpp - oracle| = {err}"
+
+
+@pytest.mark.parametrize("top_k", [None, 2])
+def test_run_reads_the_document_then_switches_the_middle_keys_on_for_the_question(tmp_path, tiny, capsys,
+                                                                                  monkeypatch, top_k):
+    from llama_extrapolate import cli, model as model_module
+
+    _, path, _ = tiny
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    calls = []
+    original = model_module.Llama.set_top_k_active
+
+    def spy(self, on):
+        calls.append((on, self.n_tokens))
+        return original(self, on)
+
+    monkeypatch.setattr(model_module.Llama, "set_top_k_active", spy)
+    argv = ["run", "--model", str(path), "--file", str(doc), "--prompt", "What jumps?", "--window", "32",
+            "--sinks", "4", "--max-tokens", "4", "--n-batch", "32", "--no-chat", "--quiet"]
+    if top_k:
+        argv += ["--top-k", str(top_k), "--top-k-layer", "1"]
+    assert cli.main(argv) == 0
+    if not top_k:
+        assert calls == []
+        return
+    # off at load, off again before reading, on once the document is read
+    import llama_cpp
+
+    vocab = llama_cpp.Llama(str(path), n_ctx=64, vocab_only=True, verbose=False)
+    n_doc = len(vocab.tokenize(doc.read_text().encode("utf-8"), add_bos=True))
+    vocab.close()
+    assert [on for on, _ in calls] == [False, False, True]
+    assert n_doc - 3 <= calls[-1][1] <= n_doc
+    assert cli.main(argv[:-4] + ["--top-k-distance", "8", "--quiet"]) == 2  # without --top-k
+    assert "need --top-k" in capsys.readouterr().err

@@ -196,6 +196,12 @@ def _attention_from_args(args: argparse.Namespace, info):
     from .config import AttentionConfig
 
     overrides = {k: getattr(args, k) for k in ("sinks", "window", "ceiling") if getattr(args, k, None) is not None}
+    if getattr(args, "top_k", None):
+        # the document is read with the Lambda mask, the question and the answer add the middle keys
+        overrides.update(top_k=args.top_k, top_k_layer=args.top_k_layer, top_k_distance=args.top_k_distance,
+                         top_k_scope="question")
+    elif getattr(args, "top_k_layer", None) is not None or getattr(args, "top_k_distance", None) is not None:
+        raise ValueError("--top-k-layer/--top-k-distance need --top-k K (the number of middle keys per head)")
     if getattr(args, "profile", None):
         from .profile import CalibrationProfile
 
@@ -225,7 +231,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     attention = _attention_from_args(args, info)
     resolved = attention.resolve(info)
     n_batch = args.n_batch
-    if resolved.window > 0:
+    if resolved.top_k > 0:
+        # the cache keeps every key: the document, the prompt, the chat template and the answer
+        import llama_cpp
+
+        vocab = llama_cpp.Llama(model, n_ctx=64, vocab_only=True, verbose=False)
+        try:
+            n_doc = len(vocab.tokenize(f"{document}\n\n{args.prompt}".encode("utf-8"), add_bos=True))
+        finally:
+            vocab.close()
+        n_ctx = n_doc + 64 + args.max_tokens + n_batch
+    elif resolved.window > 0:
         n_ctx = resolved.required_n_ctx(n_batch, stream=0)
     else:
         n_ctx = args.n_ctx or int(info.context_length)
@@ -242,8 +258,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         if not args.quiet:
             r = resolved
+            top_k = f", top-k {r.top_k} from layer {r.top_k_layer} at D={r.top_k_distance}" if r.top_k else ""
             print(f"[{llm.n_tokens} tokens in the stream, window {r.window or 'off'}, sinks {r.sinks}, ceiling "
-                  f"{r.ceiling or 'off'}, cache {n_ctx} cells, {time.perf_counter() - t0:.1f} s, peak RSS "
+                  f"{r.ceiling or 'off'}{top_k}, cache {n_ctx} cells, {time.perf_counter() - t0:.1f} s, peak RSS "
                   f"{reader.peak_rss_bytes() / 2**20:.0f} MiB]", file=sys.stderr)
     finally:
         llm.close()
@@ -290,6 +307,9 @@ def _cmd_nll(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     if not names:
         raise ValueError("--configs is empty: name one or more configurations")
+    if evaluate.TOP_K_CONFIG in names:
+        raise ValueError(f"--configs {evaluate.TOP_K_CONFIG}: its middle keys are switched on for a question, and a "
+                         "text scored token by token has none; use it with the passkey command")
     tokens, desc = _first_tokens(model, args.file, args.corpus, args.tokens)
     out = Path(args.output)
     results = evaluate.compare_nll(model, tokens, names, out, bucket=args.bucket, n_batch=args.n_batch,
@@ -438,6 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sinks", type=int, help="S (default 10)")
     r.add_argument("--window", type=int, help="W (default: the model's training length; 0 = full attention)")
     r.add_argument("--ceiling", type=int, help="C (default: W)")
+    r.add_argument("--top-k", type=int, help="the question and the answer also attend to the K middle keys with the "
+                                              "largest logits (LM-Infinite: 5); the cache then keeps the document")
+    r.add_argument("--top-k-layer", type=int, help="first layer with the middle keys (default 5)")
+    r.add_argument("--top-k-distance", type=int, help="distance they are scored at (default C/2)")
     r.add_argument("--profile", help="calibration profile: softmax temperature schedule tau(p)")
     r.add_argument("--profile-mode", choices=["pmax", "entropy"], default="pmax")
     r.add_argument("--n-ctx", type=int, help="cache size with --window 0 (default: the training length)")
@@ -476,7 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="key positions as fractions, comma-separated")
     pk.add_argument("--trials", type=int, default=3)
     pk.add_argument("--seed", type=int, default=0)
-    pk.add_argument("--configs", default="lambda,vanilla,context-shift")
+    pk.add_argument("--configs", default="lambda,vanilla,context-shift",
+                    help="comma-separated: lambda, vanilla, context-shift, lambda+top-k (the question adds the k = 5 "
+                         "middle keys of LM-Infinite), window-only, lambda-only, ceiling-only, log-length")
     pk.add_argument("--window", type=int)
     pk.add_argument("--sinks", type=int)
     pk.add_argument("--n-batch", type=int, default=512)

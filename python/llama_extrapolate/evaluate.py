@@ -171,6 +171,8 @@ def chunked_perplexity(llm: llama_cpp.Llama, tokens: Sequence[int], n_ctx: int, 
 
 # --- comparing configurations on the same tokens (``llama-extrapolate nll``) -----------------------
 BASELINES = ("lambda", "vanilla", "context-shift", "window-only", "lambda-only", "ceiling-only", "log-length")
+# retrieval tasks only: the document is read with the Lambda mask, the question adds the top-k middle keys
+TOP_K_CONFIG = "lambda+top-k"
 
 
 @dataclass
@@ -182,9 +184,17 @@ class EvalSetup:
     n_ctx: int
     context_shift: Optional[int] = None
 
+    @property
+    def top_k_question(self) -> bool:
+        """The top-k middle keys are switched on where the question starts."""
+        return self.attention.top_k > 0 and self.attention.top_k_scope == "question"
+
     def describe(self) -> dict:
         a = self.attention
-        return {"sinks": a.sinks, "window": a.window, "ceiling": a.ceiling, "temperature": np.asarray(a.temperature).tolist(),
+        top_k = ({"top_k": a.top_k, "top_k_layer": a.top_k_layer, "top_k_distance": a.top_k_distance,
+                  "top_k_scope": a.top_k_scope} if a.top_k else {})
+        return {**top_k, "sinks": a.sinks, "window": a.window, "ceiling": a.ceiling,
+                "temperature": np.asarray(a.temperature).tolist(),
                 "temperature_schedule": a.temperature_schedule, "log_length": a.log_length,
                 "temperature_points": [[L, np.asarray(t).tolist()] for L, t in (a.temperature_points or ())],
                 "n_ctx": self.n_ctx, "context_shift_n_keep": self.context_shift}
@@ -227,10 +237,19 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
         cfg = AttentionConfig(sinks=s, window=w, ceiling=0, rollback=0)
     elif name == "ceiling-only":
         return EvalSetup(name, AttentionConfig.ceiling_only(w), full)
+    elif name == TOP_K_CONFIG:
+        # LM-Infinite's passkey setting (k = 5 from layer 5 on, or the last layer of a smaller model); the cache
+        # keeps every key, so it holds the whole stream
+        from .config import DEFAULT_TOP_K_LAYER
+
+        cfg = AttentionConfig(sinks=s, window=w, ceiling=w, rollback=0, top_k=5, top_k_scope="question",
+                              top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
+        return EvalSetup(name, cfg, full)
     elif name == "log-length":
         return EvalSetup(name, AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="log-length"), full)
     else:
-        raise ValueError(f"configuration {name!r}: use one of {', '.join(BASELINES)} or profile=PATH")
+        raise ValueError(f"configuration {name!r}: use one of {', '.join(BASELINES)}, {TOP_K_CONFIG} (passkey, "
+                         "needle) or profile=PATH")
     resolved = cfg.resolve(info)
     return EvalSetup(name, cfg, resolved.required_n_ctx(n_batch, stream=n_tokens))
 

@@ -102,7 +102,18 @@ def answer(llm, document: str, question: str, *, max_tokens: int = 256, temperat
     if tokens is None:
         prompt = f"{document}\n\n{question}\n"
         tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=True)
-    read_tokens(llm, tokens, progress=progress)
+    r = getattr(llm, "attention_resolved", None)
+    if r is not None and r.top_k > 0 and r.top_k_scope == "question":
+        # the document with the Lambda mask, then the question and the answer with the middle keys
+        doc_only = chat_prompt_tokens(llm, [{"role": "user", "content": document}]) if chat else None
+        if doc_only is None:
+            doc_only = llm.tokenize(document.encode("utf-8"), add_bos=True)
+        start = _common_prefix(tokens, doc_only)
+        llm.set_top_k_active(False)
+        read_tokens(llm, tokens[:start + 1], progress=progress)
+        llm.set_top_k_active(True)
+    else:
+        read_tokens(llm, tokens, progress=progress)
     if chat and llm.metadata.get("tokenizer.chat_template"):
         stream = llm.create_chat_completion(messages=messages, max_tokens=max_tokens, temperature=temperature,
                                             stream=True)
@@ -115,6 +126,15 @@ def answer(llm, document: str, question: str, *, max_tokens: int = 256, temperat
             piece = part["choices"][0]["text"]
             if piece:
                 yield piece
+
+
+def _common_prefix(a: List[int], b: List[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def peak_rss_bytes() -> int:

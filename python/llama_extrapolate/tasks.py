@@ -43,6 +43,18 @@ class Prompt:
     key: str
     depth: float
     length: int
+    question_start: int = 0  # index of the first token of the question (top_k_scope="question" switches there)
+
+
+def _question_start(tokenize: Callable[[str, bool], List[int]], document: str, tokens: List[int]) -> int:
+    """Where the question starts in ``tokens``: the length of their common prefix with the document alone."""
+    doc = tokenize(document, True)
+    n = 0
+    for a, b in zip(doc, tokens):
+        if a != b:
+            break
+        n += 1
+    return min(n, len(tokens) - 1)
 
 
 def _first_number(text: str) -> Optional[str]:
@@ -58,9 +70,10 @@ def passkey_prompt(tokenize: Callable[[str, bool], List[int]], length: int, dept
     n_rep = len(tokenize(PASSKEY_FILLER * 20, False)) / 20
     n_filler = max(0, int((length - n_fixed) / n_rep))
     before = int(round(depth * n_filler))
-    text = (PASSKEY_INTRO + PASSKEY_FILLER * before + PASSKEY_LINE.format(key=key)
-            + PASSKEY_FILLER * (n_filler - before) + PASSKEY_QUESTION)
-    return Prompt(tokenize(text, True), key, depth, length)
+    document = (PASSKEY_INTRO + PASSKEY_FILLER * before + PASSKEY_LINE.format(key=key)
+                + PASSKEY_FILLER * (n_filler - before))
+    tokens = tokenize(document + PASSKEY_QUESTION, True)
+    return Prompt(tokens, key, depth, length, _question_start(tokenize, document, tokens))
 
 
 def needle_prompt(tokenize: Callable[[str, bool], List[int]], haystack: str, length: int, depth: float,
@@ -82,8 +95,9 @@ def needle_prompt(tokenize: Callable[[str, bool], List[int]], haystack: str, len
     cut = int(depth * len(text))
     ends = [m.end() for m in re.finditer(r"[.!?]\s", text)]
     at = min(ends, key=lambda e: abs(e - cut)) if ends and 0 < depth < 1 else (0 if depth <= 0 else len(text))
-    full = text[:at] + needle + " " + text[at:] + question
-    return Prompt(tokenize(full, True), key, depth, length)
+    document = text[:at] + needle + " " + text[at:]
+    tokens = tokenize(document + question, True)
+    return Prompt(tokens, key, depth, length, _question_start(tokenize, document, tokens))
 
 
 def llama_detok(tokenize, ids, sample: str) -> str:
@@ -142,9 +156,28 @@ class _Stream:
             self.n_past += n
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.llm.n_vocab(),))
 
-    def greedy(self, prompt: Sequence[int], n_new: int) -> List[int]:
+    def rollback(self, n_past: int) -> None:
+        """Forget every token from position n_past on (a cache that keeps them all: vanilla or top-k)."""
+        llama_cpp.llama_memory_seq_rm(self.mem, 0, n_past, -1)
+        self.n_past = n_past
+
+    def greedy(self, prompt: Sequence[int], n_new: int, question_start: Optional[int] = None) -> List[int]:
+        """Greedy answer; with ``question_start`` the top-k middle keys are switched on there (top_k_scope
+        'question'), and a prompt whose document is already in the cache is only asked again."""
+        if question_start is None:
+            self.reset()
+            return self.answer(self.feed(prompt), n_new)
         self.reset()
-        logits = self.feed(prompt)
+        self.llm.set_top_k_active(False)
+        self.feed(prompt[:question_start])
+        return self.ask(prompt[question_start:], n_new)
+
+    def ask(self, question: Sequence[int], n_new: int) -> List[int]:
+        """Greedy answer to ``question`` after the document in the cache, with the middle keys on."""
+        self.llm.set_top_k_active(True)
+        return self.answer(self.feed(question), n_new)
+
+    def answer(self, logits: np.ndarray, n_new: int) -> List[int]:
         out = []
         eos = self.llm.token_eos()
         for _ in range(n_new):
@@ -232,7 +265,7 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
             try:
                 for (L, d, k), p in todo:
                     t0 = time.perf_counter()
-                    out = stream.greedy(p.tokens, n_new)
+                    out = stream.greedy(p.tokens, n_new, p.question_start if st.top_k_question else None)
                     text = llm.detokenize(out).decode("utf-8", errors="replace")
                     got = _first_number(text)
                     results["trials"].append({"config": name, "length": L, "depth": d, "trial": k,
