@@ -10,7 +10,8 @@ them, so every setting answers exactly the same prompts.
 ``cost``: tokens/s along an essay stream for each mode: Lambda with its bounded cache; Lambda reading
 into a cache that keeps the middle keys (question scope while reading); top-k for every query
 (scope "all"); and decode tok/s after the stream with the question-scope keys on. Plus the cache's
-bytes per token (analytic, f16 K and V) and the peak RSS of each run.
+bytes per token (analytic: K, unrotated K and V for top-k; K and V per cell of the bounded cache) and
+the peak RSS of each run.
 
 Results: ``bench/results/top_k.json`` (written after every trial; a rerun resumes) and ``top_k.png``.
 
@@ -172,8 +173,10 @@ def run_cost(args, results: dict) -> None:
     vocab.close()
     cost = results.setdefault("cost", {})
     cost.update({"model": Path(model).name, "tokens": n, "threads": args.threads, "machine": machine(),
-                 "kv_bytes_per_token_f16": 2 * 2 * n_layer * n_head_kv * head_dim,
-                 "kv_bytes_per_token_q8_0_k": (34 / 32 + 2) * n_layer * n_head_kv * head_dim})
+                 # per token of the document the top-k cache holds K, the unrotated K (0014) and V
+                 "kv_bytes_per_token_top_k_f16": 3 * 2 * n_layer * n_head_kv * head_dim,
+                 "kv_bytes_per_token_top_k_q8_0_k": (2 * 34 / 32 + 2) * n_layer * n_head_kv * head_dim,
+                 "kv_bytes_per_cell_lambda_f16": 2 * 2 * n_layer * n_head_kv * head_dim})
     modes = {
         "lambda (bounded cache)": (AttentionConfig(sinks=10, window=WINDOW, ceiling=WINDOW, rollback=0), None),
         "lambda, middle kept (question scope, reading)": (

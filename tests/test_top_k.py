@@ -151,15 +151,15 @@ def test_alibi_middle_keys_take_the_bias_at_distance_d(tiny_mpt_model, ceiling):
 
 
 def test_quantized_k_cache(tmp_path):
-    """q8_0 keys (head size 32: one q8_0 block per head) with the ceiling and the middle keys: the keys are
-    dequantized before they are rotated back, so the error is q8_0's own, as large as on the upstream path
-    (Lambda mask only), and far below what the middle keys change."""
+    """q8_0 keys with the ceiling and the middle keys, head size 64 as SmolLM2's (where llama.cpp would also
+    Hadamard-rotate quantized keys, which RoPE does not commute with: off in these modes): the error is q8_0's
+    own, as large as on the upstream path (Lambda mask only), and far below what the middle keys change."""
     from llama_extrapolate import AttentionConfig
     from tinymodel import TinyLlama
 
-    model = TinyLlama(n_embd=128)
+    model = TinyLlama(n_embd=256)
     model.make_weights()
-    path = model.write(tmp_path / "tiny-hd32.gguf")
+    path = model.write(tmp_path / "tiny-hd64.gguf")
     tokens = random_tokens(model, N_TOKENS, seed=2)
     top_k = dict(LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16)
     cases = {"lambda-only": dict(sinks=4, window=32, ceiling=0), "lambda+ceiling": LAMBDA, "top-k": top_k}
