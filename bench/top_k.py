@@ -18,6 +18,7 @@ Results: ``bench/results/top_k.json`` (written after every trial; a rerun resume
     python bench/top_k.py passkey [--lengths 8192,16384,32768] [--trials 1]
     python bench/top_k.py cost [--tokens 16384]
     python bench/top_k.py plot
+    python bench/top_k.py table     # the results as markdown (one mark per depth: ✓ found, · missed)
 """
 
 from __future__ import annotations
@@ -260,9 +261,37 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def table(results: dict) -> str:
+    """Markdown tables of the results (for the README)."""
+    out = []
+    acc = results.get("passkey", {}).get("accuracy", {})
+    if acc:
+        lengths = sorted({int(L) for a in acc.values() for L in a if L != "all"})
+        depths = sorted({float(d) for a in acc.values() for L, ds in a.items() if L != "all" for d in ds})
+        out.append("| setting | " + " | ".join(f"{L // 1024}k" for L in lengths) + " | all |")
+        out.append("|---" * (len(lengths) + 2) + "|")
+        for name, a in acc.items():
+            cells = []
+            for L in lengths:
+                ds = a.get(str(L), {})
+                cells.append("".join("✓" if ds.get(str(d)) == 1.0 else ("·" if str(d) in ds else " ")
+                                     for d in depths))
+            out.append(f"| {name} | " + " | ".join(cells) + f" | {a['all']:.2f} |")
+    modes = results.get("cost", {}).get("modes", {})
+    if modes:
+        out.append("")
+        out.append("| mode | prefill tok/s (mean) | last 2048-token block | decode tok/s after | peak RSS MiB |")
+        out.append("|---|---|---|---|---|")
+        for name, m in modes.items():
+            last = list(m["prefill_tok_s_per_2048_block"].values())[-1]
+            out.append(f"| {name} | {m['prefill_tok_s']:.1f} | {last:.1f} | {m['decode_tok_s_best_of_3']:.1f} | "
+                       f"{m['peak_rss_bytes'] / 2**20:.0f} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("mode", choices=["passkey", "cost", "plot"])
+    p.add_argument("mode", choices=["passkey", "cost", "plot", "table"])
     p.add_argument("--lengths", default="8192,16384,32768")
     p.add_argument("--trials", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -273,6 +302,9 @@ def main(argv=None) -> int:
     if args.trials < 1:
         raise SystemExit(f"--trials {args.trials} must be >= 1")
     results = load(RESULTS)
+    if args.mode == "table":
+        print(table(results))
+        return 0
     if args.mode == "passkey":
         run_passkey(args, results)
     elif args.mode == "cost":

@@ -47,6 +47,11 @@ def test_needle_prompt_in_essays(smol_tokenize):
     hay = paul_graham_essays()
     p = tasks.needle_prompt(smol_tokenize, hay, 1500, 0.5, np.random.default_rng(2))
     assert 1400 <= len(p.tokens) <= 1520
+    word = next(w for w in tasks.NEEDLE_WORDS if w in tasks.NEEDLE_QUESTION.format(word=w) and
+                smol_tokenize(tasks.NEEDLE_QUESTION.format(word=w), False) == p.tokens[-len(
+                    smol_tokenize(tasks.NEEDLE_QUESTION.format(word=w), False)):])
+    n_question = len(smol_tokenize(tasks.NEEDLE_QUESTION.format(word=word), False))
+    assert abs(len(p.tokens) - p.question_start - n_question) <= 1
     with pytest.raises(ValueError, match="no room"):
         tasks.needle_prompt(smol_tokenize, hay, 20, 0.5, np.random.default_rng(2))
 
