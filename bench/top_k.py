@@ -128,12 +128,8 @@ def run_passkey(args, results: dict) -> None:
             answers = {}
             for name, (k, h0, dist) in table.items():
                 stream.rollback(p.question_start)
-                if k == 0:
-                    llm.set_top_k(0)
-                    logits = stream.feed(p.tokens[p.question_start:])
-                else:
-                    llm.set_top_k(k, layer=h0, distance=dist)
-                    logits = stream.feed(p.tokens[p.question_start:])
+                llm.set_top_k(k, layer=h0, distance=dist)  # k = 0: off
+                logits = stream.feed(p.tokens[p.question_start:])
                 text = llm.detokenize(stream.answer(logits, N_NEW)).decode("utf-8", errors="replace")
                 answers[name] = {"answer": text.strip(), "correct": _first_number(text) == p.key}
             pk["trials"].append({"length": L, "depth": d, "trial": t, "tokens": len(p.tokens), "key": p.key,
@@ -179,16 +175,15 @@ def run_cost(args, results: dict) -> None:
                  "kv_bytes_per_token_top_k_q8_0_k": (2 * 34 / 32 + 2) * n_layer * n_head_kv * head_dim,
                  "kv_bytes_per_cell_lambda_f16": 2 * 2 * n_layer * n_head_kv * head_dim})
     modes = {
-        "lambda (bounded cache)": (AttentionConfig(sinks=10, window=WINDOW, ceiling=WINDOW, rollback=0), None),
-        "lambda, middle kept (question scope, reading)": (
+        "lambda (bounded cache)": AttentionConfig(sinks=10, window=WINDOW, ceiling=WINDOW, rollback=0),
+        "lambda, middle kept (question scope, reading)":
             AttentionConfig(sinks=10, window=WINDOW, ceiling=WINDOW, rollback=0, top_k=5, top_k_scope="question"),
-            False),
-        "top-k every query (k=5, h0=5)": (
-            AttentionConfig(sinks=10, window=WINDOW, ceiling=WINDOW, rollback=0, top_k=5, top_k_scope="all"), None),
+        "top-k every query (k=5, h0=5)":
+            AttentionConfig(sinks=10, window=WINDOW, ceiling=WINDOW, rollback=0, top_k=5, top_k_scope="all"),
     }
     from tqdm import tqdm
 
-    for name, (cfg, _) in modes.items():
+    for name, cfg in modes.items():
         if name in cost.get("modes", {}) and not args.force:
             continue
         peak_rss_reset()

@@ -108,7 +108,9 @@ def answer(llm, document: str, question: str, *, max_tokens: int = 256, temperat
         doc_only = chat_prompt_tokens(llm, [{"role": "user", "content": document}]) if chat else None
         if doc_only is None:
             doc_only = llm.tokenize(document.encode("utf-8"), add_bos=True)
-        start = _common_prefix(tokens, doc_only)
+        from .tasks import common_prefix
+
+        start = common_prefix(tokens, doc_only)
         llm.set_top_k_active(False)
         read_tokens(llm, tokens[:start + 1], progress=progress)
         llm.set_top_k_active(True)
@@ -126,15 +128,6 @@ def answer(llm, document: str, question: str, *, max_tokens: int = 256, temperat
             piece = part["choices"][0]["text"]
             if piece:
                 yield piece
-
-
-def _common_prefix(a: List[int], b: List[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def peak_rss_bytes() -> int:

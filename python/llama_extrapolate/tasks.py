@@ -46,15 +46,19 @@ class Prompt:
     question_start: int = 0  # index of the first token of the question (top_k_scope="question" switches there)
 
 
-def _question_start(tokenize: Callable[[str, bool], List[int]], document: str, tokens: List[int]) -> int:
-    """Where the question starts in ``tokens``: the length of their common prefix with the document alone."""
-    doc = tokenize(document, True)
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two token lists."""
     n = 0
-    for a, b in zip(doc, tokens):
-        if a != b:
+    for x, y in zip(a, b):
+        if x != y:
             break
         n += 1
-    return min(n, len(tokens) - 1)
+    return n
+
+
+def _question_start(tokenize: Callable[[str, bool], List[int]], document: str, tokens: List[int]) -> int:
+    """Where the question starts in ``tokens``: the length of their common prefix with the document alone."""
+    return min(common_prefix(tokenize(document, True), tokens), len(tokens) - 1)
 
 
 def _first_number(text: str) -> Optional[str]:
