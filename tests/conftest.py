@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import subprocess
 import sys
@@ -26,6 +27,14 @@ def run_python(code: str, *args: str, env=None, timeout=600) -> subprocess.Compl
         env=clean_env() if env is None else env,
         timeout=timeout,
     )
+
+
+def load_bench(name: str):
+    """A script of bench/ as a module (its bookkeeping is tested; its runs are benchmarks)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(scope="session")

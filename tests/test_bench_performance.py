@@ -1,20 +1,14 @@
 """The arithmetic behind bench/performance.py's target ratios (the runs themselves are benchmarks, not tests)."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "performance.py"
+from conftest import load_bench
 
 
 @pytest.fixture(scope="module")
 def perf():
-    spec = importlib.util.spec_from_file_location("bench_performance", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("performance")
 
 
 def stream(speeds, block=2048, marks=(), decode=None):

@@ -1,19 +1,12 @@
 """The bookkeeping of bench/top_k.py: the settings of the paper's ablations and the accuracy tables."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "top_k.py"
+from conftest import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_top_k", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("top_k")
 
 
 def test_settings_cover_tables_5_to_7_at_the_models_scale(bench):
