@@ -65,3 +65,25 @@ def test_config_lists(bench, tmp_path):
     assert bench.nll_configs(None, tmp_path / "p.json") == list(bench.NLL_CONFIGS)
     (tmp_path / "p.json").write_text("{}")
     assert bench.nll_configs(None, tmp_path / "p.json")[-1] == f"profile={tmp_path / 'p.json'}"
+
+
+def test_pytorch_route_blocks_and_ratios():
+    """bench/pytorch_route.py: block rates and NLL from chunk time stamps, the ratio before each mark."""
+    route = load_bench("pytorch_route")
+    # 8 chunks of 1024 tokens at 1 s each, NLL = chunk index
+    raw = {"load_s": 1.0, "stamps": [(1024 * (i + 1), float(i + 1)) for i in range(8)],
+           "nll": np.repeat(np.arange(8.0), 1024)[:-1], "peak_rss_bytes": 0}
+    s = route.summarize_route(raw)
+    assert [b["end"] for b in s["blocks"]] == [2048, 4096, 6144, 8192]
+    assert all(b["tok_s"] == pytest.approx(1024.0) for b in s["blocks"])
+    assert [b["nll"] for b in s["blocks"]] == pytest.approx([0.5, 2.5, 4.5, (6 * 1024 + 7 * 1023) / 2047])
+    assert route.rate_before(s["blocks"], 8192, span=4096) == pytest.approx(1024.0)
+    assert route.rate_before(s["blocks"], 16384) is None
+    slow = {**s, "blocks": [{**b, "tok_s": b["tok_s"] / 4} for b in s["blocks"]]}
+    out = route.summary({"routes": {"llama-extrapolate": s, "torch": slow}})
+    assert out["max_abs_block_nll_diff"] == 0.0
+    assert "tok_s_ratio_16384" not in out  # neither route reached 16k
+    long_ = {"blocks": [{"end": 2048 * (i + 1), "tokens": 2048, "tok_s": 100.0, "nll": 1.0} for i in range(8)]}
+    out = route.summary({"routes": {"llama-extrapolate": long_,
+                                    "torch": {"blocks": [{**b, "tok_s": 25.0} for b in long_["blocks"]]}}})
+    assert out["tok_s_ratio_16384"] == pytest.approx(4.0)
