@@ -132,12 +132,12 @@ def passkey_table(results: dict) -> str:
 def missing(nll: dict, passkey: dict, tokens: int, profile: Path) -> List[str]:
     """What the issue asks for that the results do not hold yet."""
     out = []
-    for name in nll_configs(None, profile) + ([] if profile.exists() else ["profile (run the profile mode)"]):
+    for name in nll_configs(None, profile):
         e = nll.get("configs", {}).get(name)
-        if name.startswith("profile ("):
+        if e is None or not e.get("complete") or nll.get("tokens", 0) < tokens:
             out.append(f"nll {name}")
-        elif e is None or not e.get("complete") or nll.get("tokens", 0) < tokens:
-            out.append(f"nll {name}")
+    if not profile.exists():
+        out.append("nll profile (run the profile mode)")
     have = {(t["config"], t["length"], t["depth"]) for t in passkey.get("trials", [])}
     for c in PASSKEY_CONFIGS:
         for L in PASSKEY_LENGTHS:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
@@ -126,20 +125,10 @@ def essay_tokens(model: str, n: int) -> list:
     return list(_first_tokens(model, None, "pg-essays", n)[0])
 
 
-def peak_rss() -> int:
-    from llama_extrapolate.evaluate import peak_rss_bytes
-
-    return peak_rss_bytes()
-
-
-def block_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    from llama_extrapolate.evaluate import _log_softmax_at
-
-    return _log_softmax_at(logits[: len(targets)], targets)
-
-
 def run_torch(model: str, tokens: list, n_batch: int, threads: int, sinks: int, window: int) -> dict:
     from tqdm import tqdm
+
+    from llama_extrapolate.evaluate import _log_softmax_at, peak_rss_bytes
 
     t0 = time.perf_counter()
     reader = TorchLambdaReader(Path(model), threads, sinks, window)
@@ -151,14 +140,14 @@ def run_torch(model: str, tokens: list, n_batch: int, threads: int, sinks: int, 
     for s in tqdm(range(0, len(toks), n_batch), desc="torch", unit="batch"):
         logits = reader.feed(toks[s:s + n_batch].tolist())
         targets = toks[s + 1:s + n_batch + 1]
-        nll[s:s + len(targets)] = block_nll(logits, targets)
+        nll[s:s + len(targets)] = _log_softmax_at(logits[: len(targets)], targets)
         stamps.append((s + len(logits), time.perf_counter() - t0))
-    return {"load_s": load_s, "stamps": stamps, "nll": nll, "peak_rss_bytes": peak_rss()}
+    return {"load_s": load_s, "stamps": stamps, "nll": nll, "peak_rss_bytes": peak_rss_bytes()}
 
 
 def run_ours(model: str, tokens: list, n_batch: int, threads: int, sinks: int, window: int) -> dict:
     import llama_extrapolate as le
-    from llama_extrapolate.evaluate import streaming_nll
+    from llama_extrapolate.evaluate import peak_rss_bytes, streaming_nll
 
     cfg = le.AttentionConfig(sinks=sinks, window=window, ceiling=window, rollback=0)
     info = le.read_model_info(model)
@@ -175,7 +164,7 @@ def run_ours(model: str, tokens: list, n_batch: int, threads: int, sinks: int, w
     t_start[0] = time.perf_counter()
     r = streaming_nll(llm, tokens, n_batch=n_batch, desc="llama-extrapolate", on_chunk=on_chunk)
     llm.close()
-    return {"load_s": load_s, "stamps": stamps, "nll": r.nll, "peak_rss_bytes": peak_rss()}
+    return {"load_s": load_s, "stamps": stamps, "nll": r.nll, "peak_rss_bytes": peak_rss_bytes()}
 
 
 def summarize_route(raw: dict) -> dict:
