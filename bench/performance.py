@@ -5,7 +5,9 @@
              Prefill tokens/s is measured over each block of --block tokens; at each mark (8k, 16k, ...)
              the stream stops to decode --decode tokens greedily one at a time (decode tokens/s after that
              context, the best of three tries), rolls them back and reads on. Resident memory (current
-             and peak) at each mark.
+             and peak) at each mark. With --paired-decode P a second context is parked after the first mark
+             and each later mark also decodes in P bursts alternating with it: the median ratio is decode after
+             that context over decode after the first mark, measured side by side.
              --config lambda (S = 10, W = C = L_pre) or vanilla (full attention, a cache for the whole stream).
   knobs-off  The patched library with every knob off against llama-cpp-python's own library built from the
              same llama.cpp commit: the same llama_cpp.Llama code in fresh subprocesses, prefill of --prefill
@@ -21,7 +23,7 @@
 Each mode writes its section of bench/results/performance.json as it goes (a stream after every mark).
 Ratios that a target compares are taken within one run, since the machine is shared and noisy.
 
-    python bench/performance.py stream --config lambda --tokens 131072
+    python bench/performance.py stream --config lambda --tokens 131072 --paired-decode 6
     python bench/performance.py stream --config vanilla --tokens 32768
     python bench/performance.py knobs-off
     python bench/performance.py soak --tokens 1048576 --window 1024
@@ -121,6 +123,24 @@ def decode_speed(llm, n: int, repeats: int = 3) -> float:
     return best
 
 
+def paired_decode(llm, ref, n: int, pairs: int) -> dict:
+    """Decode bursts of n tokens alternating between the stream and the reference context (the order alternates
+    too): one ratio stream/reference per pair, and their median. Decode on this VM moves between ~22 and ~33
+    tokens/s for seconds at a time with the same work (same perf profile), which best-of-3 at separate moments
+    cannot tell from a real change."""
+    stream_ts, ref_ts = [], []
+    for i in range(pairs):
+        first, second = (llm, ref) if i % 2 == 0 else (ref, llm)
+        a = decode_speed(first, n, repeats=1)
+        b = decode_speed(second, n, repeats=1)
+        s, r = (a, b) if first is llm else (b, a)
+        stream_ts.append(s)
+        ref_ts.append(r)
+    ratios = [s / r for s, r in zip(stream_ts, ref_ts)]
+    return {"stream_tok_s": stream_ts, "reference_tok_s": ref_ts, "ratios": ratios,
+            "median_ratio": float(np.median(ratios))}
+
+
 def run_stream(args) -> None:
     from tqdm import tqdm
 
@@ -147,6 +167,18 @@ def run_stream(args) -> None:
     result = {"config": args.config, "window": window if args.config == "lambda" else None, "sinks": args.sinks,
               "n_ctx": n_ctx, "n_batch": n_batch, "threads": args.threads, "tokens": args.tokens,
               "block": args.block, "blocks": [], "marks": []}
+    ref = None
+    if args.paired_decode:
+        if not args.decode:
+            raise SystemExit("--paired-decode needs --decode > 0 (the tokens of each burst)")
+        # a second context parked after the first mark: decode bursts alternate between it and the stream, so
+        # a slow phase of the shared machine falls on both sides of each ratio
+        ref = le.Llama(model, attention=cfg, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                       n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+        ref.reset()
+        for s in tqdm(range(0, marks[0], n_batch), desc=f"reference context ({marks[0]} tokens)", unit="batch"):
+            ref.eval(tokens[s:s + n_batch])
+        result["paired_reference_tokens"] = marks[0]
     llm.reset()
     block_t0, block_n = time.perf_counter(), 0
     bar = tqdm(total=len(tokens), desc=f"{args.config} stream", unit="tok")
@@ -167,6 +199,8 @@ def run_stream(args) -> None:
                      "elapsed_s": time.perf_counter() - t_start, "rss_bytes": cur, "peak_rss_bytes": peak}
             if args.decode:
                 entry["decode_tok_s"] = decode_speed(llm, args.decode)
+            if ref is not None:
+                entry["paired_decode"] = paired_decode(llm, ref, args.decode, args.paired_decode)
             result["marks"].append(entry)
             save_section(Path(args.out), key, result)
             bar.write(json.dumps(entry))
@@ -344,6 +378,10 @@ def summarize(data: dict) -> dict:
         if 8192 in marks and last > 8192:
             out["lambda_decode_last_over_8k"] = marks[last]["decode_tok_s"] / marks[8192]["decode_tok_s"]
             out["lambda_rss_last_over_16k"] = marks[last]["peak_rss_bytes"] / marks[16384]["peak_rss_bytes"]
+        paired = {str(m): marks[m]["paired_decode"]["median_ratio"] for m in marks if "paired_decode" in marks[m]}
+        if paired:
+            out["lambda_decode_paired_over_reference"] = paired
+            out["paired_reference_tokens"] = lam.get("paired_reference_tokens")
     if lam and van:
         for m in (16384, 32768):
             if any(b["end"] == m for b in van["blocks"]):
@@ -393,6 +431,9 @@ def main(argv=None) -> None:
     ap.add_argument("--n-batch", type=int, default=512)
     ap.add_argument("--block", type=int, default=2048, help="prefill tokens/s is measured per block")
     ap.add_argument("--decode", type=int, default=64, help="tokens decoded per try at each mark (best of 3)")
+    ap.add_argument("--paired-decode", type=int, default=0, metavar="PAIRS",
+                    help="stream: also decode in PAIRS alternating bursts against a second context parked after the "
+                         "first mark (decode after N over decode after 8k, measured side by side)")
     ap.add_argument("--prefill", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bucket", type=int, default=4096)

@@ -36,3 +36,32 @@ def test_summary_ratios(perf):
     assert out["lambda_over_vanilla_prefill_32768"] == pytest.approx(60.0 / 15.0)
     assert out["lambda_over_vanilla_prefill_16384"] == pytest.approx(80.0 / 40.0)
     assert out["lambda_rss_last_over_16k"] == pytest.approx((1000 + 32) / (1000 + 16))
+
+
+def test_paired_decode_pairs_each_stream_burst_with_its_neighbouring_reference_burst(perf, monkeypatch):
+    # the machine alternates between a fast and a slow phase every two bursts; the stream is 10% slower than the
+    # reference throughout: every pair must see the same phase on both sides, so every ratio is 0.9
+    calls = []
+
+    def fake_decode_speed(llm, n, repeats=3):
+        assert repeats == 1 and n == 64
+        calls.append(llm)
+        phase = 30.0 if (len(calls) - 1) // 2 % 2 == 0 else 20.0
+        return phase * (0.9 if llm == "stream" else 1.0)
+
+    monkeypatch.setattr(perf, "decode_speed", fake_decode_speed)
+    out = perf.paired_decode("stream", "ref", 64, 4)
+    assert calls == ["stream", "ref", "ref", "stream", "stream", "ref", "ref", "stream"]
+    assert out["ratios"] == pytest.approx([0.9] * 4)
+    assert out["median_ratio"] == pytest.approx(0.9)
+    assert out["stream_tok_s"] == pytest.approx([27.0, 18.0, 27.0, 18.0])
+
+
+def test_summary_reports_paired_decode_medians(perf):
+    lam = stream([80.0] * 16, marks=(8192, 16384, 32768), decode={8192: 30.0, 16384: 22.0, 32768: 27.0})
+    lam["paired_reference_tokens"] = 8192
+    for m, r in zip(lam["marks"], (1.01, 0.97, 0.95)):
+        m["paired_decode"] = {"median_ratio": r}
+    out = perf.summarize({"stream_lambda": lam})
+    assert out["lambda_decode_paired_over_reference"] == {"8192": 1.01, "16384": 0.97, "32768": 0.95}
+    assert out["paired_reference_tokens"] == 8192
