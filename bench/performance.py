@@ -13,7 +13,8 @@
              same llama.cpp commit: the same llama_cpp.Llama code in fresh subprocesses, prefill of --prefill
              tokens and --decode decoded tokens each; also the patched library collecting attention
              statistics (the calibration's overhead). Each round runs the three back to back (the order
-             alternates); the summary is the median over rounds of the ratio within a round.
+             alternates); the summary is the median over rounds of the ratio within a round, per wall-clock
+             second and per CPU second of the process (--threads 1: no barrier spinning, the steadier figure).
   exact      Lambda + ceiling over the first --tokens tokens of the ablation bench, compared bucket by bucket
              with its committed NLL (measured before patch 0011 changed how the ceiling is computed).
   soak       A stream of --tokens (cycling the essays) through a small window: peak RSS at each mark against
@@ -26,6 +27,7 @@ Ratios that a target compares are taken within one run, since the machine is sha
     python bench/performance.py stream --config lambda --tokens 131072 --paired-decode 6
     python bench/performance.py stream --config vanilla --tokens 32768
     python bench/performance.py knobs-off
+    python bench/performance.py knobs-off --threads 1 --repeats 7 --key knobs_off_1thread
     python bench/performance.py soak --tokens 1048576 --window 1024
 """
 
@@ -228,14 +230,15 @@ if variant == "patched+stats":
 text = open(sys.argv[6], encoding="utf-8").read()
 toks = llm.tokenize(text.encode("utf-8"), add_bos=True)[:n_prefill]
 llm.eval(toks[:512]); llm.reset()                       # warm-up: pages in the weights, builds the graphs
-t0 = time.perf_counter(); llm.eval(toks); t1 = time.perf_counter()
+c0 = time.process_time(); t0 = time.perf_counter(); llm.eval(toks); t1 = time.perf_counter(); c1 = time.process_time()
 n_vocab = llm.n_vocab()
 for _ in range(n_decode):
     logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
     llm.eval([int(np.argmax(logits))])
-t2 = time.perf_counter()
+t2 = time.perf_counter(); c2 = time.process_time()
 print(json.dumps({"library": llama_cpp.llama_cpp._lib._name, "prefill_tok_s": len(toks) / (t1 - t0),
-                  "decode_tok_s": n_decode / (t2 - t1)}))
+                  "decode_tok_s": n_decode / (t2 - t1),
+                  "prefill_cpu_tok_s": len(toks) / (c1 - c0), "decode_cpu_tok_s": n_decode / (c2 - c1)}))
 """
 
 
@@ -277,11 +280,17 @@ def run_knobs_off(args) -> None:
         "patched_over_upstream_prefill": ratios("patched", "upstream", "prefill_tok_s"),
         "patched_over_upstream_decode": ratios("patched", "upstream", "decode_tok_s"),
         "stats_overhead_prefill": ratios("patched", "patched+stats", "prefill_tok_s"),
+        # per CPU second of the process (all its threads): leaves out the time it waited for a CPU; with one
+        # thread there is no barrier spinning in it either, so it is the steadier measure of the work
+        "patched_over_upstream_prefill_cpu": ratios("patched", "upstream", "prefill_cpu_tok_s"),
+        "patched_over_upstream_decode_cpu": ratios("patched", "upstream", "decode_cpu_tok_s"),
+        "stats_overhead_prefill_cpu": ratios("patched", "patched+stats", "prefill_cpu_tok_s"),
     }
-    save_section(Path(args.out), "knobs_off", {"prefill_tokens": args.prefill, "decode_tokens": args.decode,
-                                               "threads": args.threads, "repeats": args.repeats, "runs": runs,
-                                               "libraries": {v: runs[v][0]["library"] for v in variants},
-                                               "summary": summary})
+    key = args.key or "knobs_off"
+    save_section(Path(args.out), key, {"prefill_tokens": args.prefill, "decode_tokens": args.decode,
+                                       "threads": args.threads, "repeats": args.repeats, "runs": runs,
+                                       "libraries": {v: runs[v][0]["library"] for v in variants},
+                                       "summary": summary})
     print(json.dumps(summary, indent=1))
 
 
@@ -438,7 +447,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bucket", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--key", default="", help="name of the stream's section in the JSON")
+    ap.add_argument("--key", default="", help="name of the stream's (or knobs-off run's) section in the JSON")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
     {"stream": run_stream, "knobs-off": run_knobs_off, "exact": run_exact, "soak": run_soak,
