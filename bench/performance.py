@@ -407,7 +407,7 @@ def run_plot(args) -> None:
     import matplotlib.pyplot as plt
 
     data = load_results(Path(args.out))
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4))
     for key, sec in sorted(data.items()):
         if not key.startswith("stream_"):
             continue
@@ -415,7 +415,16 @@ def run_plot(args) -> None:
         a.plot([x["end"] for x in blocks], [x["tok_s"] for x in blocks], label=key[len("stream_"):])
         marks = [m for m in sec["marks"] if "decode_tok_s" in m]
         b.plot([m["tokens"] for m in marks], [m["decode_tok_s"] for m in marks], "o-", label=key[len("stream_"):])
-    for ax, title in ((a, "prefill tokens/s (per block)"), (b, "decode tokens/s after the context")):
+        paired = [m for m in sec["marks"] if "paired_decode" in m]
+        if paired:
+            c.plot([m["tokens"] for m in paired], [m["paired_decode"]["median_ratio"] for m in paired], "o-",
+                   label=f"{key[len('stream_'):]} (median)")
+            for m in paired:
+                c.scatter([m["tokens"]] * len(m["paired_decode"]["ratios"]), m["paired_decode"]["ratios"], s=8,
+                          color="grey", alpha=0.5)
+    c.axhline(0.9, color="red", lw=0.8, ls="--", label="target 0.9")
+    for ax, title in ((a, "prefill tokens/s (per block)"), (b, "decode tokens/s after the context"),
+                      (c, "decode after N / after 8k, side by side")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens read")
         ax.set_title(title)
