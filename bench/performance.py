@@ -153,6 +153,9 @@ def run_stream(args) -> None:
     l_pre = int(info.context_length)
     window = args.window or l_pre
     cfg = attention_for(args.config, window, args.sinks)
+    if args.paired_decode < 0 or (args.paired_decode and args.decode <= 0):
+        raise SystemExit(f"--paired-decode {args.paired_decode} --decode {args.decode}: use a number of pairs >= 1 "
+                         "(0 = off) and --decode >= 1 (the tokens of each burst)")
     if args.config == "lambda" and args.decode > cfg.rollback:
         raise SystemExit(f"--decode {args.decode}: the decoded tokens are rolled back, and the bounded cache keeps "
                          f"only rollback={cfg.rollback} tokens behind the window; use --decode {cfg.rollback} or fewer")
@@ -171,8 +174,6 @@ def run_stream(args) -> None:
               "block": args.block, "blocks": [], "marks": []}
     ref = None
     if args.paired_decode:
-        if not args.decode:
-            raise SystemExit("--paired-decode needs --decode > 0 (the tokens of each burst)")
         # a second context parked after the first mark: decode bursts alternate between it and the stream, so
         # a slow phase of the shared machine falls on both sides of each ratio
         ref = le.Llama(model, attention=cfg, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
@@ -250,6 +251,9 @@ def run_knobs_off(args) -> None:
     import llama_extrapolate as le
     from llama_extrapolate.corpora import paul_graham_essays
 
+    if args.decode <= 0 or args.repeats <= 0:
+        raise SystemExit(f"--decode {args.decode} --repeats {args.repeats}: knobs-off needs at least one decoded "
+                         "token and one round (its ratios divide by the decode speed)")
     model = str(le.default_model_path())
     variants = ["upstream", "patched", "patched+stats"]
     runs = {v: [] for v in variants}

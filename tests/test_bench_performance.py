@@ -65,3 +65,14 @@ def test_summary_reports_paired_decode_medians(perf):
     out = perf.summarize({"stream_lambda": lam})
     assert out["lambda_decode_paired_over_reference"] == {"8192": 1.01, "16384": 0.97, "32768": 0.95}
     assert out["paired_reference_tokens"] == 8192
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["stream", "--paired-decode", "-1"], "--paired-decode -1"),
+    (["stream", "--paired-decode", "4", "--decode", "0"], "--decode 0"),
+    (["knobs-off", "--decode", "0"], "--decode 0"),
+    (["knobs-off", "--repeats", "0"], "--repeats 0"),
+])
+def test_bad_knobs_are_refused_with_their_value(perf, argv, named):
+    with pytest.raises(SystemExit, match=named):
+        perf.main(argv)
