@@ -76,3 +76,44 @@ def test_summary_reports_paired_decode_medians(perf):
 def test_bad_knobs_are_refused_with_their_value(perf, argv, named):
     with pytest.raises(SystemExit, match=named):
         perf.main(argv)
+
+
+def soak(n_marks, nll, bucket=4096, done=True):
+    marks = [{"tokens": 8192 * 2**i, "rss_bytes": 500 + i, "peak_rss_bytes": 1000 + (i >= 3)}
+             for i in range(n_marks)]
+    sec = {"tokens": marks[-1]["tokens"], "bucket": bucket, "marks": marks, "sinks": 10, "window": 512,
+           "n_ctx": 1280, "buckets": [nll(i) for i in range(marks[-1]["tokens"] // bucket)]}
+    if done:
+        sec.update(total_s=1.0, nll_nan=0, nll_scored=sec["tokens"] - 1)
+    return sec
+
+
+def test_soak_summary_memory_and_nll_by_range(perf):
+    # buckets of the second half of each doubling 1.0 higher: the range means must follow the buckets
+    sec = soak(5, lambda i: 3.0 + (i % 2), bucket=4096)          # marks 8k .. 128k
+    out = perf.summarize({"soak": sec})["soak"]
+    assert out["tokens_read"] == 131072 and out["complete"]
+    assert out["peak_rss_last_over_16k"] == pytest.approx(1001 / 1000)
+    assert out["rss_last_over_16k"] == pytest.approx(504 / 501)
+    assert set(out["nll_by_range"]) == {"8192-16384", "16384-32768", "32768-65536", "65536-131072"}
+    assert all(v == pytest.approx(3.5) for v in out["nll_by_range"].values())
+    assert out["nll_range_spread"] == pytest.approx(0.0)
+    assert out["nll_nan"] == 0 and out["nll_scored"] == 131071
+
+
+def test_soak_summary_shows_drift_and_an_unfinished_run(perf):
+    sec = soak(4, lambda i: 3.0 + i / 8, done=False)              # NLL rising along the stream
+    sec["buckets"] = sec["buckets"][:12]                          # interrupted inside 32k-64k
+    out = perf.summarize({"soak": sec})["soak"]
+    assert not out["complete"]
+    assert list(out["nll_by_range"]) == ["8192-16384", "16384-32768"]   # the partial range is left out
+    assert out["nll_by_range"]["16384-32768"] > out["nll_by_range"]["8192-16384"]
+    assert "nll_nan" not in out
+
+
+def test_plot_writes_the_soak_figure_beside_the_json(perf, tmp_path):
+    out = tmp_path / "performance.json"
+    perf.save_section(out, "soak", soak(4, lambda i: 3.0))
+    perf.main(["plot", "--out", str(out)])
+    assert (tmp_path / "soak.png").stat().st_size > 10_000
+    assert perf.load_results(out)["summary"]["soak"]["tokens_read"] == 65536
