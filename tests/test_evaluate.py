@@ -50,3 +50,29 @@ def test_streaming_nll_bad_input(tiny, tokens, n_batch, words):
         assert words in str(err.value)
     finally:
         llm.close()
+
+
+def test_log_softmax_at_matches_the_whole_array_formula_and_stays_small():
+    import tracemalloc
+
+    from llama_extrapolate.evaluate import _log_softmax_at
+
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((77, 1000)) * 8 + 300).astype(np.float32)   # large offsets: needs the max shift
+    targets = rng.integers(0, 1000, size=77)
+    rows = logits.astype(np.float64)
+    m = rows.max(1)
+    expected = m + np.log(np.exp(rows - m[:, None]).sum(1)) - rows[np.arange(77), targets]
+    np.testing.assert_allclose(_log_softmax_at(logits, targets, rows_per_step=10), expected, rtol=1e-12)
+    np.testing.assert_allclose(_log_softmax_at(logits, targets), expected, rtol=1e-12)
+
+    # a 512-token chunk of a 49k vocabulary: the scoring must not hold float64 copies of the whole chunk
+    big = rng.standard_normal((512, 49152)).astype(np.float32)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        _log_softmax_at(big, rng.integers(0, 49152, size=512))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 * 2**20, f"scoring a chunk allocated {peak / 2**20:.0f} MiB at its peak"

@@ -37,11 +37,21 @@ class NLLResult:
         return out
 
 
-def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    rows = logits.astype(np.float64)
-    m = rows.max(axis=1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(rows - m).sum(axis=1))
-    return lse - rows[np.arange(len(targets)), targets]
+def _log_softmax_at(logits: np.ndarray, targets: np.ndarray, rows_per_step: int = 32) -> np.ndarray:
+    """-log softmax(logits[i])[targets[i]] in float64, a few rows at a time.
+
+    A whole chunk at once would hold several float64 copies of n_batch x n_vocab (about 600 MB for 512 x 49152),
+    more than the KV cache of a Lambda window; a few rows keep the scoring's memory negligible.
+    """
+    out = np.empty(len(targets), dtype=np.float64)
+    for i in range(0, len(targets), rows_per_step):
+        rows = logits[i:i + rows_per_step].astype(np.float64)
+        t = targets[i:i + rows_per_step]
+        rows -= rows.max(axis=1, keepdims=True)
+        picked = rows[np.arange(len(t)), t]
+        np.exp(rows, out=rows)
+        out[i:i + len(t)] = np.log(rows.sum(axis=1)) - picked
+    return out
 
 
 def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optional[int] = None,
