@@ -135,6 +135,32 @@ def test_bad_configuration_is_named(tiny_llama, case):
     assert text in str(err.value)
 
 
+def test_vocab_only_tokenizes_and_refuses_to_decode(default_model):
+    """A tokenizer-only load works as in llama-cpp-python (it used to fail setting the temperature of a context
+    without layers) and decoding or touching the attention names vocab_only instead of an assertion or a crash."""
+    import llama_cpp
+    from llama_extrapolate import AttentionConfig, Llama
+
+    plain = llama_cpp.Llama(str(default_model), vocab_only=True, verbose=False)
+    expected = plain.tokenize(b"The passkey is 31415.")
+    plain.close()
+    # the Lambda defaults would need n_ctx >= 8970: a tokenizer load must not ask for it
+    llm = Llama(str(default_model), attention=AttentionConfig(), vocab_only=True, verbose=False)
+    try:
+        assert llm.tokenize(b"The passkey is 31415.") == expected
+        assert llm.detokenize(expected) == b"The passkey is 31415."
+        calls = [(lambda: llm.eval(expected), "eval: this Llama was loaded with vocab_only=True"),
+                 (lambda: llm("hello", max_tokens=2), "eval: this Llama was loaded with vocab_only=True"),
+                 (llm.get_temperature, "get_temperature: this Llama was loaded with vocab_only=True"),
+                 (lambda: llm.set_temperature(1.2), "set_temperature: this Llama was loaded with vocab_only=True")]
+        for call, text in calls:
+            with pytest.raises(ValueError) as err:
+                call()
+            assert text in str(err.value)
+    finally:
+        llm.close()
+
+
 # --- texts ---------------------------------------------------------------------------------------------------
 
 

@@ -45,7 +45,9 @@ class Llama(llama_cpp.Llama):
         n_ctx = int(kwargs.get("n_ctx", 512))
         n_batch = min(int(kwargs.get("n_batch", 512)), n_ctx) if n_ctx > 0 else int(kwargs.get("n_batch", 512))
         n_ubatch = min(int(kwargs.get("n_ubatch", 512)), n_batch)
-        self.attention_resolved.check_context(n_ctx, n_ubatch)
+        self.vocab_only = bool(kwargs.get("vocab_only", False))
+        if not self.vocab_only:  # a tokenizer-only load has no cache to size
+            self.attention_resolved.check_context(n_ctx, n_ubatch)
 
         r = self.attention_resolved
         self._check_attention_options(kwargs)
@@ -67,6 +69,12 @@ class Llama(llama_cpp.Llama):
             raise InvalidModelError(f"{model_path}: llama.cpp could not load the model (tensors missing or not "
                                     f"matching {self.model_info.architecture}'s layout, or a corrupt file); run with "
                                     "verbose=True to see llama.cpp's reason") from exc
+
+        if self.vocab_only:
+            # a tokenizer-only load: llama.cpp reads no layer metadata and builds no cache, so there is no
+            # attention to set or to check; decoding is refused in eval
+            self._unbounded_stream = False
+            return
 
         loaded = _core.model_attention(model_address(self))
         expected = self.attention_resolved
@@ -119,8 +127,15 @@ class Llama(llama_cpp.Llama):
                                  f"{r.ceiling}): distances above 2048 are not exact in the f16 mask; use "
                                  "flash_attn=False")
 
+    def _attention_context(self, what: str) -> int:
+        """The context whose attention is set or read; a vocab-only load has none worth the name."""
+        if self.vocab_only:
+            raise ValueError(f"{what}: this Llama was loaded with vocab_only=True (tokenizer only, no layers); "
+                             "load it without vocab_only to set or read the attention")
+        return context_address(self)
+
     def _apply_temperature(self, r: ResolvedAttention) -> None:
-        ctx = context_address(self)
+        ctx = self._attention_context("set_temperature")
         _core.set_temperature(ctx, np.ascontiguousarray(r.temperature, dtype=np.float32).ravel(), int(r.log_length))
         _core.set_temperature_points(ctx, np.asarray(r.points_lengths, dtype=np.uint32),
                                      np.ascontiguousarray(r.points_tau, dtype=np.float32).ravel())
@@ -146,7 +161,8 @@ class Llama(llama_cpp.Llama):
         if r.top_k == 0:
             raise ValueError("set_top_k_active: this model was loaded without top-k middle keys; use "
                              "AttentionConfig(top_k=5, ...) so that the cache keeps them")
-        _core.set_top_k(context_address(self), r.top_k if on else 0, r.top_k_layer, r.top_k_distance)
+        _core.set_top_k(self._attention_context("set_top_k_active"), r.top_k if on else 0, r.top_k_layer,
+                        r.top_k_distance)
 
     def set_top_k(self, k: int, layer: Optional[int] = None, distance: Optional[int] = None) -> None:
         """Change k, the first layer and the distance of the top-k middle keys between decodes (k = 0: off;
@@ -160,20 +176,21 @@ class Llama(llama_cpp.Llama):
             raise ValueError("set_top_k: this model was loaded without top-k middle keys; use "
                              "AttentionConfig(top_k=5, ...) so that the cache keeps them")
         if k == 0:
-            _core.set_top_k(context_address(self), 0, 0, 0)
+            _core.set_top_k(self._attention_context("set_top_k"), 0, 0, 0)
             return
         config = replace(self.attention, top_k=k, top_k_layer=layer, top_k_distance=distance)
         resolved = config.resolve(self.model_info)
-        _core.set_top_k(context_address(self), resolved.top_k, resolved.top_k_layer, resolved.top_k_distance)
+        _core.set_top_k(self._attention_context("set_top_k"), resolved.top_k, resolved.top_k_layer,
+                        resolved.top_k_distance)
 
     @property
     def top_k_state(self) -> tuple:
         """(k, layer, distance) the library applies now (k = 0: off)."""
-        return tuple(int(x) for x in _core.get_top_k(context_address(self)))
+        return tuple(int(x) for x in _core.get_top_k(self._attention_context("top_k_state")))
 
     def get_temperature(self) -> tuple:
         """(tau[n_layer, n_head], log_length) as the library holds them."""
-        return _core.get_temperature(context_address(self))
+        return _core.get_temperature(self._attention_context("get_temperature"))
 
     def close(self) -> None:
         # a constructor that raised before llama_cpp.Llama.__init__ left nothing to close
@@ -203,6 +220,9 @@ class Llama(llama_cpp.Llama):
 
     def eval(self, tokens) -> None:
         """Decode tokens; with a window, the stream may grow past n_ctx (the cache stays bounded)."""
+        if self.vocab_only:
+            raise ValueError("eval: this Llama was loaded with vocab_only=True (tokenizer only, no layers); load "
+                             "it without vocab_only to decode")
         if not self._unbounded_stream:
             tokens = list(tokens)
             if self.attention_resolved.top_k > 0 and self.n_tokens + len(tokens) > self._n_ctx:
