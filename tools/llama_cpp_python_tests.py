@@ -35,17 +35,25 @@ from llama_extrapolate import _core
 _lib = getattr(llama_cpp.llama_cpp, "_lib", None)
 assert _lib is not None and _lib._name == _core.library_path(), (getattr(_lib, "_name", None), _core.library_path())
 
-if "huggingface_hub" not in sys.modules:
+try:
+    import huggingface_hub as hub
+except ImportError:
+    hub = types.ModuleType("huggingface_hub")
+    sys.modules["huggingface_hub"] = hub
+_download = getattr(hub, "hf_hub_download", None)
+
+
+def hf_hub_download(repo_id, filename, *args, **kwargs):
+    # with huggingface_hub installed a file already in its cache is used; a download is a skip either way
     try:
-        import huggingface_hub  # noqa: F401
-    except ImportError:
-        hub = types.ModuleType("huggingface_hub")
+        if _download is None:
+            raise LookupError("huggingface_hub is not installed")
+        return _download(repo_id, filename, *args, **dict(kwargs, local_files_only=True))
+    except Exception as exc:
+        pytest.skip(f"needs a download from the Hugging Face Hub: {repo_id}/{filename} ({type(exc).__name__})")
 
-        def hf_hub_download(repo_id, filename, *args, **kwargs):
-            pytest.skip(f"needs a download from the Hugging Face Hub: {repo_id}/{filename}")
 
-        hub.hf_hub_download = hf_hub_download
-        sys.modules["huggingface_hub"] = hub
+hub.hf_hub_download = hf_hub_download
 '''
 
 

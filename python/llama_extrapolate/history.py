@@ -86,3 +86,8 @@ class TokenHistory:
 
     def copy(self) -> np.ndarray:
         return self._buf[: self.end - self.start].copy()
+
+    def tolist(self) -> list:
+        """The ids from position 0, for llama-cpp-python's prefix matching (a LlamaCache item); once the oldest
+        ids were dropped no prefix can be compared from 0, so the answer is empty: no match, the prompt is read."""
+        return self._buf[: self.end - self.start].tolist() if self.start == 0 else []

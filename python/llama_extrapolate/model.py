@@ -8,6 +8,8 @@ that did not arrive is an error, not vanilla attention in disguise.
 
 from __future__ import annotations
 
+import copy
+import weakref
 from typing import Any, Optional
 
 import llama_cpp
@@ -256,3 +258,90 @@ class Llama(llama_cpp.Llama):
         super().reset()
         if isinstance(self.input_ids, TokenHistory):
             self.input_ids.reset()
+
+    # --- state save/load ------------------------------------------------------------------------
+    def set_cache(self, cache) -> None:
+        """llama-cpp-python prefers the current stream to a cached state when the stream shares at least as
+        long a prefix with the prompt; a bounded stream cannot roll back past its rollback margin, so it
+        would read the whole prompt again. The cache is wrapped so that the choice knows the margin."""
+        if cache is not None and self._unbounded_stream:
+            cache = StreamAwareCache(cache, self)
+        super().set_cache(cache)
+
+    def reusable_prefix(self, tokens) -> int:
+        """Tokens of ``tokens`` the current stream can keep (llama-cpp-python's prefix reuse, after the
+        rollback guard): the shared prefix, or 0 when keeping it would roll back past the margin."""
+        shared = 0
+        for a, b in zip(self._input_ids, tokens):
+            if a != b:
+                break
+            shared += 1
+        if shared == len(tokens):
+            shared -= 1  # llama-cpp-python replays the last prompt token for fresh logits
+        if shared <= 0 or (self._unbounded_stream and shared < self.n_tokens - self.attention_resolved.rollback):
+            return 0
+        return shared
+
+    def save_state(self) -> llama_cpp.LlamaState:
+        """llama-cpp-python's state, exact for a Lambda stream too: the library's state carries the
+        re-basing offsets of the window (patch 0016), and the id history keeps its absolute positions."""
+        if self.vocab_only:
+            raise ValueError("save_state: this Llama was loaded with vocab_only=True (tokenizer only, no cache); "
+                             "load it without vocab_only")
+        r = self.attention_resolved
+        if r.top_k > 0 and self.model_info.position_encoding == "rope":
+            raise ValueError(f"save_state with top_k={r.top_k}: the state does not hold the unrotated keys of the "
+                             "top-k middle keys; load with top_k=0 to save states, or read the document again")
+        state = super().save_state()
+        if state.llama_state_size <= 0:
+            raise RuntimeError("llama.cpp wrote an empty state (run with verbose=True to see why)")
+        if isinstance(self.input_ids, TokenHistory):
+            state.input_ids = copy.deepcopy(self.input_ids)
+        return state
+
+    def load_state(self, state: llama_cpp.LlamaState) -> None:
+        history = copy.deepcopy(state.input_ids) if isinstance(state.input_ids, TokenHistory) else None
+        if history is not None and not self._unbounded_stream:
+            raise ValueError("load_state: the state is of a Lambda stream (unbounded token history) and this Llama "
+                             "has a bounded context; load it into a Llama with the same attention")
+        if history is None and self._unbounded_stream:
+            raise ValueError("load_state: this Llama reads an unbounded Lambda stream and the state is not of one "
+                             "(it came from a Llama with another attention); load it into a Llama with the same "
+                             "attention")
+        super().load_state(state)
+        if history is not None:
+            self.input_ids = history
+
+
+class StreamAwareCache(llama_cpp.llama_cache.BaseLlamaCache):
+    """A llama-cpp-python cache seen through a bounded-stream Llama.
+
+    llama-cpp-python looks a prompt up, then loads the cached state only if it shares a longer prefix with
+    the prompt than the current stream does. A Lambda stream can keep only what lies within its rollback
+    margin, so the lookup loads the state itself when the stream's usable prefix is shorter (llama-cpp-python
+    then finds the stream equal to the state and goes on from there).
+    """
+
+    def __init__(self, inner: llama_cpp.llama_cache.BaseLlamaCache, llm: Llama) -> None:
+        super().__init__(inner.capacity_bytes)
+        self.inner = inner
+        self._llm = weakref.ref(llm)
+
+    @property
+    def cache_size(self) -> int:
+        return self.inner.cache_size
+
+    def __contains__(self, key) -> bool:
+        return key in self.inner
+
+    def __setitem__(self, key, value) -> None:
+        self.inner[key] = value
+
+    def __getitem__(self, key):
+        item = self.inner[key]
+        llm = self._llm()
+        if llm is not None:
+            cached = llama_cpp.Llama.longest_token_prefix(item.input_ids.tolist(), key)
+            if cached > llm.reusable_prefix(key):
+                llm.load_state(item)
+        return item

@@ -1,0 +1,169 @@
+"""State save/load of a Lambda stream: the library's state carries the position re-basing (patch 0016)."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from reference import RefAttention, forward
+
+LAMBDA = dict(sinks=4, window=32, ceiling=32, rollback=16)
+LLAMA_MAX_SEQ = 256  # src/llama-cparams.h
+
+
+def tiny_llm(path, n_ctx=128, **attention):
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    return llama_extrapolate.Llama(str(path), attention=AttentionConfig(**attention), n_ctx=n_ctx, n_batch=32,
+                                   n_ubatch=32, n_threads=2, verbose=False, type_k=0, type_v=0)
+
+
+def last_logits(llm):
+    import llama_cpp
+
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
+
+
+def read(llm, tokens, step=40):
+    """Logits after each step of the stream (the state is re-based many times in between)."""
+    out = []
+    for i in range(0, len(tokens), step):
+        llm.eval(tokens[i:i + step])
+        out.append(last_logits(llm))
+    return np.array(out)
+
+
+@pytest.fixture(scope="module")
+def stream(tiny_llama):
+    model, _ = tiny_llama
+    return np.random.default_rng(16).integers(3, model.n_vocab, size=720).tolist()
+
+
+def test_saved_lambda_stream_resumes_exactly(tiny_llama, stream):
+    from llama_extrapolate.history import TokenHistory
+
+    model, path = tiny_llama
+    llm = tiny_llm(path, **LAMBDA)
+    try:
+        llm.eval(stream[:400])
+        state = llm.save_state()
+        # reading on moves the window (and the re-basing offsets) far past the saved state
+        first = read(llm, stream[400:])
+        llm.load_state(state)
+        assert llm.n_tokens == 400 and isinstance(llm.input_ids, TokenHistory)
+        assert list(llm.input_ids[390:400]) == stream[390:400]
+        again = read(llm, stream[400:])
+        # not bit for bit: the restored cells sit in other slots of the cache, so sums run in another order
+        np.testing.assert_allclose(again, first, rtol=0, atol=1e-4)
+        # and it is the Lambda attention of the whole stream, not of a stream starting at 400
+        ref = forward(model, stream, RefAttention(sinks=4, window=32, ceiling=32))
+        np.testing.assert_allclose(again[-1], ref[-1], rtol=2e-3, atol=2e-3)
+        # a state loaded into a fresh context (as LlamaCache does) resumes the same way
+        other = tiny_llm(path, **LAMBDA)
+        try:
+            other.load_state(state)
+            np.testing.assert_allclose(read(other, stream[400:]), first, rtol=0, atol=1e-4)
+        finally:
+            other.close()
+    finally:
+        llm.close()
+
+
+def test_sequence_state_carries_the_rebasing(tiny_llama, stream):
+    """llama_state_seq_* (one sequence) restore the offsets into the destination sequence."""
+    import llama_cpp
+
+    _, path = tiny_llama
+    llm = tiny_llm(path, **LAMBDA)
+    try:
+        llm.eval(stream[:400])
+        size = llama_cpp.llama_state_seq_get_size(llm.ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        assert llama_cpp.llama_state_seq_get_data(llm.ctx, buf, size, 0) == size
+        first = read(llm, stream[400:])
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+        assert llama_cpp.llama_state_seq_set_data(llm.ctx, buf, size, 0) == size
+        mem = llama_cpp.llama_get_memory(llm.ctx)
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 399  # the caller's positions again
+        llm.n_tokens = 400
+        np.testing.assert_allclose(read(llm, stream[400:]), first, rtol=0, atol=1e-4)
+    finally:
+        llm.close()
+
+
+def test_vanilla_state_is_llama_cpp_pythons(tiny_llama, stream):
+    """Without Lambda attention the patch adds nothing to the state (upstream's layout); with it, exactly the
+    offsets."""
+    import llama_cpp
+
+    _, path = tiny_llama
+    ours = tiny_llm(path, sinks=0, window=0, ceiling=0)
+    lam = tiny_llm(path, **LAMBDA)
+    try:
+        ours.eval(stream[:30])
+        lam.eval(stream[:30])  # inside the window: the same cells in both caches
+        vanilla_size = llama_cpp.llama_state_get_size(ours.ctx)
+        # Lambda adds the sink count and (base, offset, shift) for each of LLAMA_MAX_SEQ sequences
+        extra = llama_cpp.llama_state_get_size(lam.ctx) - vanilla_size
+        assert extra == 4 * (1 + 3 * LLAMA_MAX_SEQ)
+        state = ours.save_state()
+        first = read(ours, stream[30:50], step=20)
+        ours.load_state(state)
+        np.testing.assert_array_equal(read(ours, stream[30:50], step=20), first)
+    finally:
+        ours.close()
+        lam.close()
+
+
+def test_bad_state_use_is_named(tiny_llama, stream):
+    _, path = tiny_llama
+    lam = tiny_llm(path, **LAMBDA)
+    van = tiny_llm(path, sinks=0, window=0, ceiling=0)
+    topk = tiny_llm(path, n_ctx=256, top_k=2, top_k_layer=1, **LAMBDA)
+    try:
+        topk.eval(stream[:50])
+        with pytest.raises(ValueError, match="save_state with top_k=2: the state does not hold the unrotated keys"):
+            topk.save_state()
+        lam.eval(stream[:50])
+        van.eval(stream[:50])
+        with pytest.raises(ValueError, match="state is of a Lambda stream"):
+            van.load_state(lam.save_state())
+        with pytest.raises(ValueError, match="the state is not of one"):
+            lam.load_state(van.save_state())
+    finally:
+        lam.close()
+        van.close()
+        topk.close()
+
+
+def test_llama_cache_serves_a_long_lambda_prompt(tiny_llama):
+    """llama-cpp-python's LlamaRAMCache restores a state saved after a prompt far longer than n_ctx."""
+    import llama_cpp
+
+    model, path = tiny_llama
+    rng = np.random.default_rng(17)
+    doc = rng.integers(3, model.n_vocab, size=600).tolist()
+    # questions longer than the rollback margin: the second cannot reuse the cache of the first
+    questions = [rng.integers(3, model.n_vocab, size=40).tolist() for _ in range(2)]
+    plain = tiny_llm(path, **LAMBDA)
+    cached = tiny_llm(path, **LAMBDA)
+    cache = llama_cpp.LlamaRAMCache(capacity_bytes=1 << 30)
+    cached.set_cache(cache)
+    loads = []
+    load_state = cached.load_state
+    cached.load_state = lambda state: (loads.append(state.n_tokens), load_state(state))[1]
+    try:
+        cached.create_completion(doc, max_tokens=1, temperature=0.0)  # reads the document, saves the state
+        assert len(cache.cache_state) == 1
+        for q in questions:
+            want = plain.create_completion(doc + q, max_tokens=4, temperature=0.0)["choices"][0]["text"]
+            plain.reset()
+            got = cached.create_completion(doc + q, max_tokens=4, temperature=0.0)["choices"][0]["text"]
+            assert got == want
+        # the first question continued the stream (it still held the document); the second could not roll
+        # back 44 tokens through a 16-token margin and started from the state saved after the document
+        assert loads == [600]
+    finally:
+        plain.close()
+        cached.close()
