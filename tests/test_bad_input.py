@@ -199,6 +199,7 @@ CLI_CASES = [
     (["nll", "--tokens", "64", "--bucket", "0"], "--bucket 0"),
     (["nll", "--tokens", "64", "--configs", "bogus"], "bogus"),
     (["nll", "--tokens", "64", "--threads", "0"], "--threads 0"),
+    (["nll", "--tokens", "64", "--checkpoint-every", "-5"], "--checkpoint-every -5"),
     (["passkey", "--depths", "1.5"], "1.5"),
     (["passkey", "--lengths", "ten"], "ten"),
     (["calibrate", "--lengths", "abc"], "--lengths 'abc'"),

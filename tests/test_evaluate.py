@@ -76,3 +76,61 @@ def test_log_softmax_at_matches_the_whole_array_formula_and_stays_small():
     finally:
         tracemalloc.stop()
     assert peak < 32 * 2**20, f"scoring a chunk allocated {peak / 2**20:.0f} MiB at its peak"
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("name, attention, n_ctx, shift", [
+    ("lambda", dict(sinks=4, window=32, ceiling=32, rollback=0), 128, None),  # re-based many times
+    ("vanilla", dict(sinks=0, window=0, ceiling=0), 640, None),
+    ("context-shift", dict(sinks=0, window=0, ceiling=0), 128, 4),
+])
+def test_killed_stream_resumes_from_its_checkpoint(tiny, tmp_path, name, attention, n_ctx, shift):
+    """A stream killed after a checkpoint is rerun: it restores the state, scores only the rest, and every
+    score matches the uninterrupted run (to the order of sums over cells restored in other slots)."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.checkpoint import StreamCheckpoint
+    from llama_extrapolate.evaluate import streaming_nll
+
+    model, path = tiny
+    tokens = np.random.default_rng(12).integers(3, model.n_vocab, size=600).tolist()
+
+    def llm():
+        return llama_extrapolate.Llama(str(path), attention=AttentionConfig(**attention), n_ctx=n_ctx, n_batch=32,
+                                       n_ubatch=32, verbose=False, type_k=0, type_v=0)
+
+    def ckpt(**key):
+        return StreamCheckpoint(tmp_path / name, key={"config": name, **key}, every_seconds=1e-9)
+
+    a = llm()
+    try:
+        full = streaming_nll(a, tokens, n_batch=32, progress=False, context_shift=shift)
+
+        def kill_at_320(nll, done):
+            if done == 352:  # the checkpoint of 320 is written, the one of 352 never will be
+                raise _Killed
+
+        with pytest.raises(_Killed):
+            streaming_nll(a, tokens, n_batch=32, progress=False, context_shift=shift, on_chunk=kill_at_320,
+                          checkpoint=ckpt())
+        assert (tmp_path / f"{name}.state").is_file() and (tmp_path / f"{name}.npz").is_file()
+    finally:
+        a.close()
+    b = llm()  # a new process would start from a fresh context
+    try:
+        seen = []
+        r = streaming_nll(b, tokens, n_batch=32, progress=False, context_shift=shift, checkpoint=ckpt(),
+                          on_chunk=lambda nll, done: seen.append(done))
+        assert r.resumed_from == 320 and seen[0] == 352
+        np.testing.assert_array_equal(r.nll[:320], full.nll[:320])  # the restored scores themselves
+        np.testing.assert_allclose(r.nll, full.nll, rtol=0, atol=1e-4)
+        assert np.isfinite(r.nll).all()
+        # a checkpoint of other tokens, configuration or batch is not loaded
+        other = streaming_nll(b, tokens, n_batch=32, progress=False, context_shift=shift,
+                              checkpoint=ckpt(tokens="other"))
+        assert other.resumed_from == 0
+    finally:
+        b.close()

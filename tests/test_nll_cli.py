@@ -71,14 +71,24 @@ def test_interrupted_run_leaves_valid_partial_json(tmp_path, tiny_llama, monkeyp
     monkeypatch.setattr(evaluate, "streaming_nll", interrupted)
     monkeypatch.setattr(evaluate.time, "perf_counter", iter(np.arange(0, 1e6, 10.0)).__next__)
     with pytest.raises(KeyboardInterrupt):
-        evaluate.compare_nll(str(path), tokens, ["vanilla"], out, bucket=50, n_batch=32, threads=2, progress=False)
+        evaluate.compare_nll(str(path), tokens, ["vanilla"], out, bucket=50, n_batch=32, threads=2, progress=False,
+                             checkpoint_every=1e-9)
     part = json.loads(out.read_text())
     e = part["configs"]["vanilla"]
     assert not e["complete"] and 160 <= e["tokens_done"] < 300 and len(e["buckets"]) >= 3
+    checkpoints = out.with_name("partial.json.checkpoints")
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["vanilla.npz", "vanilla.state"]
     monkeypatch.setattr(evaluate, "streaming_nll", real)
     monkeypatch.undo()
     done = evaluate.compare_nll(str(path), tokens, ["vanilla"], out, bucket=50, n_batch=32, threads=2, progress=False)
-    assert done["configs"]["vanilla"]["complete"]
+    e = done["configs"]["vanilla"]
+    # the chunk that reached 160 was interrupted in its callback, before its checkpoint: resumed at 128
+    assert e["complete"] and e["resumed_from_token"] == 128
+    assert not list(checkpoints.iterdir())  # removed once the configuration is complete
+    fresh = evaluate.compare_nll(str(path), tokens, ["vanilla"], tmp_path / "fresh.json", bucket=50, n_batch=32,
+                                 threads=2, progress=False)["configs"]["vanilla"]
+    assert "resumed_from_token" not in fresh
+    np.testing.assert_allclose([b["nll"] for b in e["buckets"]], [b["nll"] for b in fresh["buckets"]], atol=1e-6)
 
 
 def test_context_shift_keeps_the_stream_going(tiny_llama):

@@ -304,6 +304,8 @@ def _cmd_nll(args: argparse.Namespace) -> int:
         raise ValueError(f"--bucket {args.bucket} must be >= 1")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads {args.threads} must be >= 1")
+    if not args.checkpoint_every >= 0:
+        raise ValueError(f"--checkpoint-every {args.checkpoint_every} must be >= 0 seconds (0: no checkpoints)")
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     if not names:
         raise ValueError("--configs is empty: name one or more configurations")
@@ -314,7 +316,8 @@ def _cmd_nll(args: argparse.Namespace) -> int:
     out = Path(args.output)
     results = evaluate.compare_nll(model, tokens, names, out, bucket=args.bucket, n_batch=args.n_batch,
                                    threads=args.threads, window=args.window, sinks=args.sinks,
-                                   meta={"text": desc}, progress=not args.quiet)
+                                   meta={"text": desc}, progress=not args.quiet,
+                                   checkpoint_every=args.checkpoint_every or None)
     evaluate.plot_nll(results, out.with_suffix(".png"))
     if args.json:
         print(json.dumps(results, indent=1))
@@ -487,6 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--n-batch", type=int, default=512)
     n.add_argument("--threads", type=int)
     n.add_argument("--output", "-o", default="nll.json")
+    n.add_argument("--checkpoint-every", type=float, default=600.0, metavar="SECONDS",
+                   help="write the stream's state to OUTPUT.checkpoints/ this often, so that a rerun of an "
+                        "interrupted configuration resumes there (0: never; removed when it completes)")
     n.add_argument("--json", action="store_true")
     n.add_argument("--quiet", action="store_true")
     n.set_defaults(func=_cmd_nll)

@@ -21,6 +21,7 @@ from . import interrupt
 class NLLResult:
     nll: np.ndarray  # nll[i] = -log p(tokens[i + 1] | tokens[: i + 1])
     seconds: float
+    resumed_from: int = 0  # tokens restored from a checkpoint (their seconds are in ``seconds``)
 
     def bucketize(self, size: int) -> List[dict]:
         """Mean NLL and perplexity per block of `size` target positions (position = index of the target token)."""
@@ -56,13 +57,16 @@ def _log_softmax_at(logits: np.ndarray, targets: np.ndarray, rows_per_step: int 
 
 def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optional[int] = None,
                   progress: bool = True, desc: str = "nll", context_shift: Optional[int] = None,
-                  on_chunk: Optional[Callable[[np.ndarray, int], None]] = None) -> NLLResult:
+                  on_chunk: Optional[Callable[[np.ndarray, int], None]] = None,
+                  checkpoint=None) -> NLLResult:
     """NLL of every token of `tokens` after the first, decoding `n_batch` tokens at a time from position 0.
 
     ``context_shift=n_keep``: llama.cpp's context shift (the StreamingLLM-like baseline of llama-cli):
     when the next chunk does not fit the cache, the oldest half of the tokens after the first n_keep is
     removed and the rest moved back (llama_memory_seq_rm + llama_memory_seq_add, keys re-rotated).
     ``on_chunk(nll, n_done)`` is called after each chunk (partial results for long runs).
+    ``checkpoint`` (a ``checkpoint.StreamCheckpoint``): resume from it if it matches, and write it now and
+    then, so that a killed run loses minutes, not the stream.
     """
     tokens = np.asarray(tokens, dtype=np.int32)
     if tokens.ndim != 1 or len(tokens) < 2:
@@ -83,15 +87,20 @@ def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optio
     llama_cpp.llama_memory_clear(mem, True)
     batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
     nll = np.full(len(tokens) - 1, np.nan, dtype=np.float64)
+    n_past, first, spent = 0, 0, 0.0
+    resumed = checkpoint.load(llm.ctx, len(tokens)) if checkpoint is not None else None
+    if resumed is not None:
+        if resumed.done % n_batch and resumed.done != len(tokens):
+            raise ValueError(f"checkpoint at token {resumed.done} is not at a chunk of n_batch={n_batch}")
+        nll, n_past, first, spent = resumed.nll, resumed.n_past, resumed.done, resumed.seconds
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(tokens), desc=desc, unit="tok")
-    t0 = time.perf_counter()
-    n_past = 0
+        bar = tqdm(total=len(tokens), initial=first, desc=desc, unit="tok")
+    t0 = time.perf_counter() - spent
     try:
-        for start in range(0, len(tokens), n_batch):
+        for start in range(first, len(tokens), n_batch):
             interrupt.check()
             chunk = tokens[start:start + n_batch]
             n = len(chunk)
@@ -121,11 +130,13 @@ def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optio
                 bar.update(n)
             if on_chunk is not None:
                 on_chunk(nll, start + n)
+            if checkpoint is not None and start + n < len(tokens) and checkpoint.due():
+                checkpoint.save(llm.ctx, start + n, n_past, nll, time.perf_counter() - t0)
     finally:
         llama_cpp.llama_batch_free(batch)
         if bar is not None:
             bar.close()
-    return NLLResult(nll=nll, seconds=time.perf_counter() - t0)
+    return NLLResult(nll=nll, seconds=time.perf_counter() - t0, resumed_from=first)
 
 
 @dataclass
@@ -291,11 +302,14 @@ def peak_rss_bytes() -> int:
 
 def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_path, *, bucket: int = 1024,
                 n_batch: int = 512, threads: Optional[int] = None, window: Optional[int] = None,
-                sinks: Optional[int] = None, meta: Optional[dict] = None, progress: bool = True) -> dict:
+                sinks: Optional[int] = None, meta: Optional[dict] = None, progress: bool = True,
+                checkpoint_every: Optional[float] = 600.0) -> dict:
     """Streaming NLL of each configuration over the same tokens, written to ``out_path`` as it goes.
 
     The JSON is rewritten after every chunk (atomically), so an interrupted run leaves a valid file;
-    a rerun with the same model and tokens skips the configurations already complete.
+    a rerun with the same model and tokens skips the configurations already complete and resumes the
+    interrupted one from its last checkpoint (``<out_path>.checkpoints/``, written every
+    ``checkpoint_every`` seconds, removed when the configuration completes; None: no checkpoints).
     """
     import hashlib
     import json
@@ -347,14 +361,25 @@ def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_pat
             entry.update(tokens_done=done, seconds=now - t0, buckets=part.bucketize(bucket))
             save()
 
+        ckpt = None
+        if checkpoint_every is not None:
+            from .checkpoint import StreamCheckpoint
+
+            ckpt = StreamCheckpoint(out_path.with_name(out_path.name + ".checkpoints") / st.name.replace("/", "_"),
+                                    key={"tokens_sha256": digest, "model": Path(model).name, "n_batch": n_batch,
+                                         "config": st.describe()},
+                                    every_seconds=checkpoint_every)
         try:
             r = streaming_nll(llm, tokens, n_batch=n_batch, progress=progress, desc=st.name,
-                              context_shift=st.context_shift, on_chunk=on_chunk)
+                              context_shift=st.context_shift, on_chunk=on_chunk, checkpoint=ckpt)
         finally:
             llm.close()
+        if ckpt is not None:
+            ckpt.remove()
         entry.update(buckets=r.bucketize(bucket), tokens_done=int(len(tokens)), seconds=r.seconds,
                      tokens_per_second=len(tokens) / r.seconds, peak_rss_bytes=peak_rss_bytes(),
-                     mean_nll=float(np.nanmean(r.nll)), complete=True)
+                     mean_nll=float(np.nanmean(r.nll)), complete=True,
+                     **({"resumed_from_token": r.resumed_from} if r.resumed_from else {}))
         save()
     return results
 
