@@ -167,3 +167,42 @@ def test_llama_cache_serves_a_long_lambda_prompt(tiny_llama):
     finally:
         plain.close()
         cached.close()
+
+
+def test_run_saves_the_document_once_and_answers_later_questions_from_it(tmp_path, tiny_llama, capsys,
+                                                                          monkeypatch):
+    from llama_extrapolate import cli, reader
+
+    _, path = tiny_llama
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The quick brown fox jumps over the lazy dog. " * 40)  # ~500 tokens, W = 32
+    state = tmp_path / "doc.state"
+    base = ["run", "--model", str(path), "--file", str(doc), "--window", "32", "--sinks", "4", "--max-tokens", "6",
+            "--n-batch", "32", "--no-chat"]
+    reads = []
+    real_read = reader.read_tokens
+    monkeypatch.setattr(reader, "read_tokens", lambda llm, toks, **kw: (reads.append(len(toks)),
+                                                                        real_read(llm, toks, **kw))[1])
+
+    def run(prompt, *extra):
+        reads.clear()
+        assert cli.main(base + ["--prompt", prompt, *extra]) == 0
+        out = capsys.readouterr()
+        return out.out, out.err
+
+    plain_a, _ = run("What jumps?", "--quiet")
+    plain_b, _ = run("Who is lazy?", "--quiet")
+    first, err = run("What jumps?", "--state", str(state))
+    assert "none for this document and settings; reading, then saving it" in err
+    assert state.is_file() and reads and first == plain_a
+    again, err = run("Who is lazy?", "--state", str(state))
+    assert "restored (" in err and reads == []  # the document was not read again
+    assert again == plain_b
+    # another document, or other settings, do not use the state: read again and saved anew
+    doc.write_text("A slow green turtle walks under the busy bridge. " * 40)
+    _, err = run("What walks?", "--state", str(state))
+    assert "none for this document" in err and reads
+    _, err = run("What walks?", "--state", str(state), "--window", "48")
+    assert "none for this document" in err
+    assert cli.main(base + ["--prompt", "q", "--state", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err

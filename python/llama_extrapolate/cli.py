@@ -230,6 +230,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     info = read_model_info(model)
     attention = _attention_from_args(args, info)
     resolved = attention.resolve(info)
+    state = None
+    if args.state is not None:
+        from pathlib import Path
+
+        state = Path(args.state)
+        if state.is_dir():
+            raise ValueError(f"--state {args.state} is a directory: name a file for the document's state")
+        if resolved.top_k > 0 and info.position_encoding == "rope":
+            raise ValueError(f"--state with --top-k {resolved.top_k}: the state of the top-k middle keys is not "
+                             "saved on a RoPE model; drop one of the two")
     n_batch = args.n_batch
     if resolved.top_k > 0:
         # the cache keeps every key: the document, the prompt, the chat template and the answer
@@ -251,7 +261,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         n_out = 0
         for piece in reader.answer(llm, document, args.prompt, max_tokens=args.max_tokens,
-                                   temperature=args.temperature, chat=not args.no_chat, progress=not args.quiet):
+                                   temperature=args.temperature, chat=not args.no_chat, progress=not args.quiet,
+                                   state=state):
             sys.stdout.write(piece)
             sys.stdout.flush()
             n_out += 1
@@ -471,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--n-batch", type=int, default=512)
     r.add_argument("--threads", type=int)
     r.add_argument("--no-chat", action="store_true", help="plain completion instead of the chat template")
+    r.add_argument("--state", help="file for the stream after the document: the first run reads the document "
+                                   "and saves it there, later runs with the same document, model and settings "
+                                   "start from it (any question, no re-reading)")
     r.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     r.set_defaults(func=_cmd_run)
 

@@ -66,13 +66,15 @@ def chat_prompt_tokens(llm, messages: List[dict]) -> Optional[List[int]]:
     return llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
 
 
-def read_tokens(llm, tokens: List[int], *, progress: bool = True, desc: str = "reading") -> ReadReport:
+def read_tokens(llm, tokens: List[int], *, progress: bool = True, desc: str = "reading",
+                keep_last: bool = False) -> ReadReport:
     """Evaluate ``tokens`` from an empty cache, n_batch at a time, with a progress bar on stderr.
 
-    The last token is left for the completion to evaluate (it needs that token's logits).
+    The last token is left for the completion to evaluate (it needs that token's logits), unless
+    ``keep_last`` (a prefix that more tokens follow).
     """
     llm.reset()
-    body = tokens[:-1]
+    body = tokens if keep_last else tokens[:-1]
     bar = None
     if progress:
         from tqdm import tqdm
@@ -92,9 +94,98 @@ def read_tokens(llm, tokens: List[int], *, progress: bool = True, desc: str = "r
     return ReadReport(tokens=len(body), seconds=time.perf_counter() - t0)
 
 
+def _state_fingerprint(llm) -> dict:
+    """What a saved document state is only valid for: the model file, the attention, the cache size."""
+    import hashlib
+    import json
+    import os
+
+    r = llm.attention_resolved
+    attention = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in vars(r).items()}
+    path = Path(llm.model_path)
+    return {"model": path.name, "model_bytes": os.path.getsize(path), "n_ctx": int(llm.n_ctx()),
+            "attention_sha256": hashlib.sha256(json.dumps(attention, sort_keys=True).encode()).hexdigest()}
+
+
+def load_document_state(llm, path: Path, tokens: List[int]) -> bool:
+    """Restore a stream saved after exactly ``tokens`` (same model, attention and cache); False when ``path``
+    holds another document or settings (the caller reads again)."""
+    import ctypes
+    import json
+
+    import llama_cpp
+
+    meta_path = path.with_name(path.name + ".json")
+    if not (path.is_file() and meta_path.is_file()):
+        return False
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError:
+        return False
+    if meta.get("fingerprint") != _state_fingerprint(llm) or meta.get("tokens") != len(tokens):
+        return False
+    llm.reset()
+    stored = (llama_cpp.llama_token * max(len(tokens), 1))()
+    count = ctypes.c_size_t(0)
+    ok = llama_cpp.llama_state_load_file(llm.ctx, str(path).encode(), stored, len(tokens), ctypes.byref(count))
+    if not ok or count.value != len(tokens) or list(stored[: count.value]) != list(tokens):
+        llm.reset()
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+        return False
+    llm.input_ids[0:len(tokens)] = tokens
+    llm.n_tokens = len(tokens)
+    return True
+
+
+def save_document_state(llm, path: Path) -> None:
+    """The stream as read so far (the library's state file, with its token ids) and what it is valid for."""
+    import json
+
+    import llama_cpp
+
+    n = llm.n_tokens
+    ids = (llama_cpp.llama_token * max(n, 1))(*[int(t) for t in llm.input_ids[0:n]])
+    if len(llm.input_ids[0:n]) != n:
+        raise ValueError(f"--state: the first ids of the {n}-token stream are no longer kept; cannot save it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if not llama_cpp.llama_state_save_file(llm.ctx, str(tmp).encode(), ids, n):
+        raise RuntimeError(f"llama.cpp could not write the state to {tmp} (disk full?)")
+    meta_path = path.with_name(path.name + ".json")
+    meta_path.unlink(missing_ok=True)
+    tmp.replace(path)
+    meta_path.write_text(json.dumps({"fingerprint": _state_fingerprint(llm), "tokens": n}, indent=1))
+
+
+def read_prompt(llm, tokens: List[int], doc_end: int, *, state: Optional[Path] = None, progress: bool = True,
+                top_k_question: bool = False) -> None:
+    """Read a prompt whose first ``doc_end`` tokens are the document, the rest the question: the document
+    from ``state`` when it holds this document (else read and saved there), then the question."""
+    if top_k_question:
+        llm.set_top_k_active(False)  # the document with the Lambda mask, the question with the middle keys
+    restored = state is not None and load_document_state(llm, state, tokens[:doc_end])
+    if state is not None and progress:
+        print(f"document state {state}: " + (f"restored ({doc_end} tokens, not read again)" if restored else
+                                             "none for this document and settings; reading, then saving it"),
+              file=sys.stderr)
+    if not restored:
+        read_tokens(llm, tokens[:doc_end], progress=progress, keep_last=True)
+        if state is not None:
+            save_document_state(llm, state)
+    if top_k_question:
+        llm.set_top_k_active(True)
+    rest = tokens[llm.n_tokens:-1]
+    for s in range(0, len(rest), llm.n_batch):
+        llm.eval(rest[s:s + llm.n_batch])
+
+
 def answer(llm, document: str, question: str, *, max_tokens: int = 256, temperature: float = 0.0,
-           chat: bool = True, progress: bool = True) -> Iterator[str]:
-    """Read ``document`` with a progress bar, then stream the answer to ``question`` as text pieces."""
+           chat: bool = True, progress: bool = True, state: Optional[Path] = None) -> Iterator[str]:
+    """Read ``document`` with a progress bar, then stream the answer to ``question`` as text pieces.
+
+    ``state``: a file for the stream after the document (the library's state): a later question about the
+    same document with the same model and settings starts from it instead of reading the document again.
+    """
     if not question.strip():
         raise ValueError("the prompt is empty: ask something about the document (--prompt)")
     messages = [{"role": "user", "content": f"{document}\n\n{question}"}]
@@ -103,17 +194,16 @@ def answer(llm, document: str, question: str, *, max_tokens: int = 256, temperat
         prompt = f"{document}\n\n{question}\n"
         tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=True)
     r = getattr(llm, "attention_resolved", None)
-    if r is not None and r.top_k > 0 and r.top_k_scope == "question":
-        # the document with the Lambda mask, then the question and the answer with the middle keys
+    top_k_question = r is not None and r.top_k > 0 and r.top_k_scope == "question"
+    if top_k_question or state is not None:
+        # where the document ends and the question starts: the prompt of the document alone shares that prefix
         doc_only = chat_prompt_tokens(llm, [{"role": "user", "content": document}]) if chat else None
         if doc_only is None:
             doc_only = llm.tokenize(document.encode("utf-8"), add_bos=True)
         from .tasks import common_prefix
 
-        start = common_prefix(tokens, doc_only)
-        llm.set_top_k_active(False)
-        read_tokens(llm, tokens[:start + 1], progress=progress)
-        llm.set_top_k_active(True)
+        read_prompt(llm, tokens, min(common_prefix(tokens, doc_only), len(tokens) - 1), state=state,
+                    progress=progress, top_k_question=top_k_question)
     else:
         read_tokens(llm, tokens, progress=progress)
     if chat and llm.metadata.get("tokenizer.chat_template"):
