@@ -135,6 +135,11 @@ function(llama_extrapolate_patched_source out_dir out_patch_names)
             message(STATUS "llama-extrapolate: copying ${tree}")
             file(COPY "${tree}/" DESTINATION "${dir}")
         endif()
+        # the tree keeps the sdist's file times: a file back to its upstream text after a patch was
+        # dropped or changed would look older than its object from the last build, and ninja would
+        # keep the stale object; the extraction time makes the build recompile (ccache keeps it cheap)
+        file(GLOB_RECURSE extracted LIST_DIRECTORIES false "${dir}/*")
+        file(TOUCH_NOCREATE ${extracted})
 
         find_program(LLAMA_EXTRAPOLATE_PATCH_EXECUTABLE patch)
         if (NOT LLAMA_EXTRAPOLATE_PATCH_EXECUTABLE AND ARG_PATCHES)

@@ -125,8 +125,9 @@ def run_tests(unpatched: bool, label: str = "main", jobs: int = 0, timeout: int 
     results: Dict[str, dict] = {}
     run = subprocess.run(["ctest", "--test-dir", str(bdir), "-L", label, "-E", OFFLINE_EXCLUDE,
                           "--timeout", str(timeout), "--output-on-failure"], capture_output=True, text=True)
-    for m in re.finditer(r"Test\s+#\d+: (\S+) \.+\s*\**([A-Za-z][A-Za-z ]*?)\s+([0-9.]+) sec", run.stdout):
-        status = m.group(2).strip()
+    # "Passed", "***Failed", "***Timeout", "Subprocess aborted***Exception:" (an assert): every test gets a status
+    for m in re.finditer(r"Test\s+#\d+: (\S+) \.+\s*(.*?)\s+([0-9.]+) sec", run.stdout):
+        status = re.sub(r"\*+|Exception:?", " ", m.group(2)).strip()
         results[m.group(1)] = {"status": "passed" if status == "Passed" else status.lower(),
                                "seconds": float(m.group(3))}
     for t in not_built:
