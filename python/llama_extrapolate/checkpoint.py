@@ -16,10 +16,28 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional, Sequence
 
 import llama_cpp
 import numpy as np
+
+
+def write_state_file(ctx, path: Path, tokens: Sequence[int] = ()) -> None:
+    """llama.cpp's state file of ``ctx`` with ``tokens`` stored beside it (written tensor by tensor)."""
+    ids = (llama_cpp.llama_token * max(len(tokens), 1))(*[int(t) for t in tokens])
+    if not llama_cpp.llama_state_save_file(ctx, str(path).encode(), ids, len(tokens)):
+        raise RuntimeError(f"llama.cpp could not write the state to {path} (disk full? a top-k configuration, "
+                           "whose state is refused?)")
+
+
+def read_state_file(ctx, path: Path, max_tokens: int) -> Optional[List[int]]:
+    """Load a state file into ``ctx``; the token ids stored with it, or None when llama.cpp refused the file
+    (another model or context size, or more than ``max_tokens`` ids)."""
+    ids = (llama_cpp.llama_token * max(max_tokens, 1))()
+    count = ctypes.c_size_t(0)
+    if not llama_cpp.llama_state_load_file(ctx, str(path).encode(), ids, max_tokens, ctypes.byref(count)):
+        return None
+    return list(ids[: count.value])
 
 
 @dataclass
@@ -67,10 +85,7 @@ class StreamCheckpoint:
         """After ``done`` tokens were decoded: their logits scored ``nll[:done]`` (each token's next one)."""
         self.prefix.parent.mkdir(parents=True, exist_ok=True)
         tmp_state = self.state_path.with_name(self.state_path.name + ".tmp")
-        no_tokens = (llama_cpp.llama_token * 1)()
-        if not llama_cpp.llama_state_save_file(ctx, str(tmp_state).encode(), no_tokens, 0):
-            raise RuntimeError(f"llama.cpp could not write the state to {tmp_state} (disk full? a top-k "
-                               "configuration, whose state is refused?)")
+        write_state_file(ctx, tmp_state)
         # the old pair stops matching as soon as the new state is in place: drop its metadata first
         self.meta_path.unlink(missing_ok=True)
         os.replace(tmp_state, self.state_path)
@@ -95,10 +110,7 @@ class StreamCheckpoint:
         if not 0 < done <= n_tokens or len(scored) != min(done, n_tokens - 1):
             return None
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-        tokens_out = (llama_cpp.llama_token * 1)()
-        count = ctypes.c_size_t(0)
-        if not llama_cpp.llama_state_load_file(ctx, str(self.state_path).encode(), tokens_out, 1,
-                                               ctypes.byref(count)):
+        if read_state_file(ctx, self.state_path, 0) is None:
             raise RuntimeError(f"llama.cpp could not load the checkpoint {self.state_path} (another model or "
                                "context size?): delete it to start the stream again")
         nll = np.full(n_tokens - 1, np.nan, dtype=np.float64)

@@ -271,11 +271,7 @@ class Llama(llama_cpp.Llama):
     def reusable_prefix(self, tokens) -> int:
         """Tokens of ``tokens`` the current stream can keep (llama-cpp-python's prefix reuse, after the
         rollback guard): the shared prefix, or 0 when keeping it would roll back past the margin."""
-        shared = 0
-        for a, b in zip(self._input_ids, tokens):
-            if a != b:
-                break
-            shared += 1
+        shared = llama_cpp.Llama.longest_token_prefix(self._input_ids, tokens)
         if shared == len(tokens):
             shared -= 1  # llama-cpp-python replays the last prompt token for fresh logits
         if shared <= 0 or (self._unbounded_stream and shared < self.n_tokens - self.attention_resolved.rollback):

@@ -110,10 +110,11 @@ def _state_fingerprint(llm) -> dict:
 def load_document_state(llm, path: Path, tokens: List[int]) -> bool:
     """Restore a stream saved after exactly ``tokens`` (same model, attention and cache); False when ``path``
     holds another document or settings (the caller reads again)."""
-    import ctypes
     import json
 
     import llama_cpp
+
+    from .checkpoint import read_state_file
 
     meta_path = path.with_name(path.name + ".json")
     if not (path.is_file() and meta_path.is_file()):
@@ -125,10 +126,7 @@ def load_document_state(llm, path: Path, tokens: List[int]) -> bool:
     if meta.get("fingerprint") != _state_fingerprint(llm) or meta.get("tokens") != len(tokens):
         return False
     llm.reset()
-    stored = (llama_cpp.llama_token * max(len(tokens), 1))()
-    count = ctypes.c_size_t(0)
-    ok = llama_cpp.llama_state_load_file(llm.ctx, str(path).encode(), stored, len(tokens), ctypes.byref(count))
-    if not ok or count.value != len(tokens) or list(stored[: count.value]) != list(tokens):
+    if read_state_file(llm.ctx, path, len(tokens)) != list(tokens):
         llm.reset()
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
         return False
@@ -141,16 +139,15 @@ def save_document_state(llm, path: Path) -> None:
     """The stream as read so far (the library's state file, with its token ids) and what it is valid for."""
     import json
 
-    import llama_cpp
+    from .checkpoint import write_state_file
 
     n = llm.n_tokens
-    ids = (llama_cpp.llama_token * max(n, 1))(*[int(t) for t in llm.input_ids[0:n]])
-    if len(llm.input_ids[0:n]) != n:
+    ids = llm.input_ids[0:n]
+    if len(ids) != n:
         raise ValueError(f"--state: the first ids of the {n}-token stream are no longer kept; cannot save it")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    if not llama_cpp.llama_state_save_file(llm.ctx, str(tmp).encode(), ids, n):
-        raise RuntimeError(f"llama.cpp could not write the state to {tmp} (disk full?)")
+    write_state_file(llm.ctx, tmp, ids)
     meta_path = path.with_name(path.name + ".json")
     meta_path.unlink(missing_ok=True)
     tmp.replace(path)
@@ -175,8 +172,8 @@ def read_prompt(llm, tokens: List[int], doc_end: int, *, state: Optional[Path] =
     if top_k_question:
         llm.set_top_k_active(True)
     rest = tokens[llm.n_tokens:-1]
-    for s in range(0, len(rest), llm.n_batch):
-        llm.eval(rest[s:s + llm.n_batch])
+    if rest:
+        llm.eval(rest)  # n_batch at a time
 
 
 def answer(llm, document: str, question: str, *, max_tokens: int = 256, temperature: float = 0.0,
