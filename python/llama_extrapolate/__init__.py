@@ -11,6 +11,10 @@ from ._library import LIB_DIR, LibraryConflictError, load as _load
 
 _core = _load()
 
+from .logs import install as _install_log  # noqa: E402
+
+_install_log()
+
 from .config import AttentionConfig, ResolvedAttention  # noqa: E402
 from .handles import context_address, context_info  # noqa: E402
 from .model import Llama  # noqa: E402

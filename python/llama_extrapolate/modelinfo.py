@@ -60,7 +60,6 @@ def _field_value(field) -> Any:
 def _rope_type_from_library(path: Path) -> int:
     """Ask the patched llama.cpp (vocab-only load) for the RoPE type of the architecture."""
     import llama_cpp  # loaded on the patched library by the package import
-    import llama_cpp._logger  # noqa: F401  (installs llama-cpp-python's log callback)
 
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
