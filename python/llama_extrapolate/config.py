@@ -89,6 +89,17 @@ class ResolvedAttention:
             out[f"{a}.softmax_temperature"] = float(uniform)
         return out
 
+    def state_refusal(self, position_encoding: str) -> Optional[str]:
+        """Why llama.cpp will not write a state of this stream, or None when it will.
+
+        With top-k middle keys on a RoPE model the cache also holds the keys before rotation (patch 0014), and
+        the state carries only the rotated ones (patch 0016 refuses to write it): saving, checkpoints and
+        ``run --state`` all ask here, so they refuse before any work is done rather than after it."""
+        if self.top_k > 0 and position_encoding == "rope":
+            return (f"top_k={self.top_k} on a RoPE model: the state does not hold the unrotated keys the top-k "
+                    "middle keys are scored with; use top_k=0 to save states, or read the document again")
+        return None
+
     @property
     def bounded_cache(self) -> bool:
         """The cache frees the keys the window hides (not with top-k middle keys, which may select them)."""

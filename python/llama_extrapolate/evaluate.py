@@ -82,6 +82,11 @@ def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optio
         raise ValueError(f"context_shift={context_shift} (n_keep) must be in 0..{n_cells - 2 * n_batch - 1}: the cache "
                          f"of {n_cells} cells must hold n_keep plus two chunks of {n_batch}")
 
+    resolved = getattr(llm, "attention_resolved", None)
+    refusal = resolved.state_refusal(llm.model_info.position_encoding) if checkpoint and resolved else None
+    if refusal:
+        raise ValueError(f"checkpoint with {refusal}; score this configuration without checkpoints")
+
     llm.reset()
     mem = llama_cpp.llama_get_memory(llm.ctx)
     llama_cpp.llama_memory_clear(mem, True)
@@ -357,8 +362,9 @@ def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_pat
             if now - last[0] < 5 and done < len(tokens):
                 return
             last[0] = now
-            part = NLLResult(nll=nll[: done - 1], seconds=now - t0)
-            entry.update(tokens_done=done, seconds=now - t0, buckets=part.bucketize(bucket))
+            seconds = now - t0 + (ckpt.resumed_seconds if ckpt is not None else 0.0)
+            part = NLLResult(nll=nll[: done - 1], seconds=seconds)
+            entry.update(tokens_done=done, seconds=seconds, buckets=part.bucketize(bucket))
             save()
 
         ckpt = None
