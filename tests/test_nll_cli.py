@@ -78,7 +78,15 @@ def test_interrupted_run_leaves_valid_partial_json(tmp_path, tiny_llama, monkeyp
     assert not e["complete"] and 160 <= e["tokens_done"] < 300 and len(e["buckets"]) >= 3
     checkpoints = out.with_name("partial.json.checkpoints")
     assert sorted(p.name for p in checkpoints.iterdir()) == ["vanilla.npz", "vanilla.state"]
-    monkeypatch.setattr(evaluate, "streaming_nll", real)
+    with np.load(checkpoints / "vanilla.npz") as meta:
+        spent = float(meta["seconds"])  # on the fake clock: tens of seconds
+    monkeypatch.undo()
+    # stopped again at the first chunk after the resume: the partial entry counts the checkpoint's seconds
+    monkeypatch.setattr(evaluate, "streaming_nll", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate.compare_nll(str(path), tokens, ["vanilla"], out, bucket=50, n_batch=32, threads=2, progress=False)
+    e = json.loads(out.read_text())["configs"]["vanilla"]
+    assert not e["complete"] and e["tokens_done"] == 160 and spent > 10 and e["seconds"] >= spent
     monkeypatch.undo()
     done = evaluate.compare_nll(str(path), tokens, ["vanilla"], out, bucket=50, n_batch=32, threads=2, progress=False)
     e = done["configs"]["vanilla"]

@@ -63,6 +63,7 @@ class StreamCheckpoint:
     key: dict
     every_seconds: float = 600.0
     _last: float = field(default=0.0, init=False, repr=False)
+    resumed_seconds: float = field(default=0.0, init=False)  # seconds the loaded checkpoint had spent
 
     def __post_init__(self) -> None:
         self.prefix = Path(self.prefix)
@@ -115,6 +116,7 @@ class StreamCheckpoint:
                                "context size?): delete it to start the stream again")
         nll = np.full(n_tokens - 1, np.nan, dtype=np.float64)
         nll[: len(scored)] = scored
+        self.resumed_seconds = seconds
         return Resumed(done=done, n_past=n_past, nll=nll, seconds=seconds)
 
     def remove(self) -> None:
