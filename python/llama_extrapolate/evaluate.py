@@ -7,6 +7,7 @@ never kept, unlike ``llama_cpp.Llama(logits_all=True)``.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
@@ -397,16 +398,20 @@ def plot_nll(results: dict, path, title: Optional[str] = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     for name, entry in results.get("configs", {}).items():
         b = entry.get("buckets") or []
         if b:
-            ax.plot([x["end"] for x in b], [x["nll"] for x in b], marker=".", label=name)
+            # profile=<path>: the file name is enough to tell the curve apart
+            key, sep, value = name.partition("=")
+            label = f"{key}={os.path.basename(value)}" if sep and os.sep in value else name
+            ax.plot([x["end"] for x in b], [x["nll"] for x in b], marker=".", label=label)
     ax.set_xlabel("token position")
     ax.set_ylabel(f"NLL (mean over {results.get('bucket', '?')}-token buckets)")
     ax.set_title(title or f"{results.get('model', '')}: {results.get('text', '')}")
     ax.grid(alpha=0.3)
-    ax.legend()
+    # outside the axes: the curves fill the whole plot at long lengths
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
