@@ -448,14 +448,17 @@ def run_plot(args) -> None:
     for key, sec in sorted(data.items()):
         if not key.startswith("stream_"):
             continue
+        # the current build's streams stand out; earlier runs (kept for comparison) stay faint
+        style = {} if key in ("stream_lambda", "stream_vanilla") else {"lw": 0.8, "alpha": 0.45, "ms": 3}
         blocks = sec["blocks"]
-        a.plot([x["end"] for x in blocks], [x["tok_s"] for x in blocks], label=key[len("stream_"):])
+        a.plot([x["end"] for x in blocks], [x["tok_s"] for x in blocks], label=key[len("stream_"):], **style)
         marks = [m for m in sec["marks"] if "decode_tok_s" in m]
-        b.plot([m["tokens"] for m in marks], [m["decode_tok_s"] for m in marks], "o-", label=key[len("stream_"):])
+        b.plot([m["tokens"] for m in marks], [m["decode_tok_s"] for m in marks], "o-", label=key[len("stream_"):],
+               **style)
         paired = [m for m in sec["marks"] if "paired_decode" in m]
         if paired:
             c.plot([m["tokens"] for m in paired], [m["paired_decode"]["median_ratio"] for m in paired], "o-",
-                   label=f"{key[len('stream_'):]} (median)")
+                   label=f"{key[len('stream_'):]} (median)", **style)
             for m in paired:
                 c.scatter([m["tokens"]] * len(m["paired_decode"]["ratios"]), m["paired_decode"]["ratios"], s=8,
                           color="grey", alpha=0.5)
@@ -467,7 +470,7 @@ def run_plot(args) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend()
+            ax.legend(fontsize=7)
     fig.suptitle("SmolLM2-135M Q4_1, 2 threads")
     fig.tight_layout()
     fig.savefig(Path(args.out).with_suffix(".png"), dpi=110)
