@@ -378,10 +378,14 @@ def prefill_at(sec: dict, end: int, span: int = 8192) -> float:
     return sum(b["tokens"] for b in blocks) / sum(b["tokens"] / b["tok_s"] for b in blocks)
 
 
+# the sections `stream --config lambda|vanilla` write by default: the targets are read from these two
+CURRENT_STREAMS = ("stream_lambda", "stream_vanilla")
+
+
 def summarize(data: dict) -> dict:
     """The issue's targets from the recorded streams: each ratio within one stream, or two streams of one run."""
     out = {}
-    lam, van = data.get("stream_lambda"), data.get("stream_vanilla")
+    lam, van = (data.get(k) for k in CURRENT_STREAMS)
     if lam:
         marks = {m["tokens"]: m for m in lam["marks"]}
         out["lambda_prefill_tok_s"] = {str(m): prefill_at(lam, m) for m in marks if m >= 16384}
@@ -449,7 +453,7 @@ def run_plot(args) -> None:
         if not key.startswith("stream_"):
             continue
         # the current build's streams stand out; earlier runs (kept for comparison) stay faint
-        style = {} if key in ("stream_lambda", "stream_vanilla") else {"lw": 0.8, "alpha": 0.45, "ms": 3}
+        style = {} if key in CURRENT_STREAMS else {"lw": 0.8, "alpha": 0.45, "ms": 3}
         blocks = sec["blocks"]
         a.plot([x["end"] for x in blocks], [x["tok_s"] for x in blocks], label=key[len("stream_"):], **style)
         marks = [m for m in sec["marks"] if "decode_tok_s" in m]

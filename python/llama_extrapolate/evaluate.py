@@ -200,6 +200,8 @@ def chunked_perplexity(llm: llama_cpp.Llama, tokens: Sequence[int], n_ctx: int, 
 BASELINES = ("lambda", "vanilla", "context-shift", "window-only", "lambda-only", "ceiling-only", "log-length")
 # retrieval tasks only: the document is read with the Lambda mask, the question adds the top-k middle keys
 TOP_K_CONFIG = "lambda+top-k"
+# full attention with a calibration profile's schedule: "profile=" + the profile's path
+PROFILE_CONFIG_PREFIX = "profile="
 
 
 @dataclass
@@ -243,10 +245,10 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
     w = l_pre if window is None else int(window)
     s = DEFAULT_SINKS if sinks is None else int(sinks)
     full = n_tokens + n_batch
-    if name.startswith("profile="):
+    if name.startswith(PROFILE_CONFIG_PREFIX):
         from .profile import CalibrationProfile
 
-        prof = CalibrationProfile.load(name.split("=", 1)[1])
+        prof = CalibrationProfile.load(name[len(PROFILE_CONFIG_PREFIX):])
         prof.check_model(info.path)
         cfg = AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="points",
                               temperature_points=prof.points("pmax", "global"))
@@ -402,9 +404,9 @@ def plot_nll(results: dict, path, title: Optional[str] = None) -> None:
     for name, entry in results.get("configs", {}).items():
         b = entry.get("buckets") or []
         if b:
-            # profile=<path>: the file name is enough to tell the curve apart
-            key, sep, value = name.partition("=")
-            label = f"{key}={os.path.basename(value)}" if sep and os.sep in value else name
+            label = name
+            if name.startswith(PROFILE_CONFIG_PREFIX):  # the file name is enough to tell the curve apart
+                label = PROFILE_CONFIG_PREFIX + os.path.basename(name[len(PROFILE_CONFIG_PREFIX):])
             ax.plot([x["end"] for x in b], [x["nll"] for x in b], marker=".", label=label)
     ax.set_xlabel("token position")
     ax.set_ylabel(f"NLL (mean over {results.get('bucket', '?')}-token buckets)")
