@@ -1,4 +1,4 @@
-"""A small numpy implementation of the attention of DESIGN.md, the oracle for llama.cpp.
+"""A small numpy implementation of the attention of docs/design.md, the oracle for llama.cpp.
 
 It is written from the definition, not from llama.cpp's graph: a query at
 position p scores a visible key at position j as if they were
@@ -131,11 +131,27 @@ def _scores(q_i, kh_keys, d, D, rope_base, neox, alibi_slopes):
     return logits - alibi_slopes[:, None] * np.asarray(d, dtype=np.float64)[None, :]
 
 
+def half_cache(k, v, positions, *, rope_base: float, neox: bool = False, alibi: bool = False):
+    """k and v as llama.cpp's f16 KV cache holds them: K rounded to half precision after its rotation to its own
+    position (RoPE) and rotated back, V rounded. With this the f16 paths agree with the oracle to ~1e-2 where
+    the float64 oracle alone leaves ~3e-2, so their tolerance can sit far below the effects they guard."""
+    def half(x):
+        return x.astype(np.float16).astype(np.float64)
+
+    if alibi:
+        return half(k), half(v)
+    angles = rope_angles(np.asarray(positions), k.shape[-1], rope_base)[:, None, :]
+    return rotate(half(rotate(k, angles, neox)), -angles, neox), half(v)
+
+
 def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: float,
               neox: bool = False, alibi_slopes: Optional[np.ndarray] = None,
-              stats: Optional[RefStats] = None, margin: Optional[TopKMargin] = None) -> np.ndarray:
+              stats: Optional[RefStats] = None, margin: Optional[TopKMargin] = None,
+              f16_cache: bool = False) -> np.ndarray:
     """q (T, H, D), k and v (T, Hkv, D), unrotated; returns (T, H, D)."""
     T, H, D = q.shape
+    if f16_cache:
+        k, v = half_cache(k, v, positions, rope_base=rope_base, neox=neox, alibi=alibi_slopes is not None)
     group = H // k.shape[1]
     kh = np.repeat(k, group, axis=1)  # GQA: query head h reads kv head h // group
     vh = np.repeat(v, group, axis=1)
@@ -175,8 +191,9 @@ def rms_norm(x, w, eps):
 
 def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
             positions: Optional[Sequence[int]] = None, stats: Optional[RefStats] = None,
-            margin: Optional[TopKMargin] = None) -> np.ndarray:
-    """Logits (T, n_vocab) of a tiny llama model for the whole token sequence."""
+            margin: Optional[TopKMargin] = None, f16_cache: bool = False) -> np.ndarray:
+    """Logits (T, n_vocab) of a tiny llama model for the whole token sequence (f16_cache: K and V rounded as in
+    llama.cpp's default f16 cache, see half_cache)."""
     cfg = cfg or RefAttention()
     w = {name: t.astype(np.float64) for name, t in model.weights.items()}
     tokens = np.asarray(tokens)
@@ -190,7 +207,7 @@ def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention]
         k = (h @ w[f"blk.{il}.attn_k.weight"].T).reshape(T, Hkv, D)
         v = (h @ w[f"blk.{il}.attn_v.weight"].T).reshape(T, Hkv, D)
         a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_base, neox=model.neox, stats=stats,
-                      margin=margin)
+                      margin=margin, f16_cache=f16_cache)
         x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
         h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], model.rms_eps)
         g = h @ w[f"blk.{il}.ffn_gate.weight"].T
@@ -212,8 +229,9 @@ def gelu(x):
 
 
 def forward_mpt(model: TinyMPT, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
-                stats: Optional[RefStats] = None, margin: Optional[TopKMargin] = None) -> np.ndarray:
-    """Logits (T, n_vocab) of a tiny MPT-like (ALiBi) model."""
+                stats: Optional[RefStats] = None, margin: Optional[TopKMargin] = None,
+                f16_cache: bool = False) -> np.ndarray:
+    """Logits (T, n_vocab) of a tiny MPT-like (ALiBi) model (f16_cache: K and V rounded to half precision)."""
     cfg = cfg or RefAttention()
     w = {name: t.astype(np.float64) for name, t in model.weights.items()}
     tokens = np.asarray(tokens)
@@ -225,7 +243,8 @@ def forward_mpt(model: TinyMPT, tokens: Sequence[int], cfg: Optional[RefAttentio
         h = layer_norm(x, w[f"blk.{il}.attn_norm.weight"], w[f"blk.{il}.attn_norm.bias"], model.norm_eps)
         qkv = h @ w[f"blk.{il}.attn_qkv.weight"].T
         q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(T, H, D) for i in range(3))
-        a = attention(q, k, v, positions, cfg, il, rope_base=0.0, alibi_slopes=slopes, stats=stats, margin=margin)
+        a = attention(q, k, v, positions, cfg, il, rope_base=0.0, alibi_slopes=slopes, stats=stats, margin=margin,
+                      f16_cache=f16_cache)
         x = x + a.reshape(T, d) @ w[f"blk.{il}.attn_output.weight"].T
         h = layer_norm(x, w[f"blk.{il}.ffn_norm.weight"], w[f"blk.{il}.ffn_norm.bias"], model.norm_eps)
         x = x + gelu(h @ w[f"blk.{il}.ffn_up.weight"].T) @ w[f"blk.{il}.ffn_down.weight"].T

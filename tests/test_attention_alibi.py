@@ -120,5 +120,10 @@ def test_alibi_flash_attention_with_small_ceiling_is_exact(tiny_mpt):
         got = np.asarray(llm.scores[: len(tokens)], dtype=np.float64)
     finally:
         llm.close()
-    err = np.abs(got - forward_mpt(model, tokens, RefAttention(sinks=4, window=32, ceiling=32))).max()
-    assert err < 0.1, err
+    # flash attention keeps K and V in f16: against the oracle with that rounding (5e-3 measured; 1.3e-2 against
+    # the float64 oracle), and the ceiling it must show moves the logits by more than 10 x TOL
+    ref = forward_mpt(model, tokens, RefAttention(sinks=4, window=32, ceiling=32), f16_cache=True)
+    err = np.abs(got - ref).max()
+    assert err < TOL, err
+    effect = np.abs(forward_mpt(model, tokens, RefAttention(sinks=4, window=32), f16_cache=True) - ref).max()
+    assert effect > 10 * TOL, effect

@@ -13,8 +13,9 @@ from reference import RefAttention, forward, rope_angles, rotate
 from conftest import random_tokens
 
 N_TOKENS = 300
-# f32 KV cache: only float rounding; f16 KV cache (llama.cpp's default): K, V and q.k in half precision
-TOL = {"f32": 2e-3, "f16": 1e-1}
+# f32 KV cache: only float rounding; f16 KV cache (llama.cpp's default): against the oracle with K and V rounded
+# as that cache rounds them (q.k and the sums still run in half precision: up to ~1.5e-2 measured)
+TOL = {"f32": 2e-3, "f16": 3e-2}
 GGML_TYPE = {"f32": 0, "f16": 1}
 
 
@@ -43,7 +44,7 @@ def llama_cpp_logits(path, tokens, *, ubatch, cache):
 def test_vanilla_llama_cpp_equals_reference(tiny, ubatch, cache):
     model, path, tokens = tiny
     got = llama_cpp_logits(path, tokens, ubatch=ubatch, cache=cache)
-    ref = forward(model, tokens)
+    ref = forward(model, tokens, f16_cache=cache == "f16")
     err = np.abs(got - ref).max()
     assert err < TOL[cache], f"max |llama.cpp - reference| = {err}"
 
@@ -54,7 +55,7 @@ def test_reference_is_sensitive_to_the_attention_shape(tiny):
     for cfg in (RefAttention(window=32), RefAttention(window=32, sinks=4),
                 RefAttention(ceiling=16), RefAttention(tau=0.8)):
         changed = np.abs(forward(model, tokens, cfg) - full)[64:].max()
-        assert changed > 5 * TOL["f16"], (cfg, changed)
+        assert changed > 10 * TOL["f16"], (cfg, changed)
 
 
 def test_reference_depends_on_relative_positions_only(tiny):
