@@ -3,7 +3,7 @@
 Each table in the documents sits under a marker ``<!-- bench/tables.py NAME -->``; the table that follows
 must be exactly what ``python bench/tables.py NAME`` prints, every table tables.py knows must appear, and
 no markdown table may stand without a marker (except the README's status table, which holds no figures).
-JSON only: no library, no model.
+JSON only: no library, no model (``pytest --noconftest tests/test_bench_tables.py`` runs it without the package).
 """
 
 import importlib.util
