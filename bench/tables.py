@@ -221,12 +221,15 @@ TOPK_SUMMARY = ("lambda (no top-k)", "top-k k=5 h0=5 D=C/2", "D=1024")
 
 def table_topk_summary(r: Path) -> str:
     """Keys found per length for plain Λ, LM-Infinite's top-k setting and the best one."""
-    found = _topk_found(load("top_k.json", r))
+    d = load("top_k.json", r)
+    found, settings = _topk_found(d), d["passkey"]["settings"]
     lengths = sorted({L for by in found.values() for L in by})
     rows = []
     for name in TOPK_SUMMARY:
-        by = found[name]
-        rows.append([name] + [f"{sum(by[L].values())}/{len(by[L])}" for L in lengths])
+        by, st = found[name], settings[name]
+        label = ("Λ, no top-k" if not st["k"] else
+                 f"top-k k = {st['k']}, h0 = {st['h0']}, D = {st['D']}" + (" (C/2)" if "C/2" in name else ""))
+        rows.append([label] + [f"{sum(by[L].values())}/{len(by[L])}" for L in lengths])
     return md(["setting (passkey, keys found)"] + [k(L) for L in lengths], rows)
 
 
