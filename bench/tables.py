@@ -329,7 +329,7 @@ def table_erf(r: Path) -> str:
         for lo, hi in groups:
             layers = e["by_layer"][lo:hi + 1]
             mass = e["mass_beyond_8192_by_layer"][lo:hi + 1]
-            share = "0" if max(mass) == 0 else f"{min(mass):.2f}–{max(mass):.2f}"
+            share = "0" if max(mass) == 0 else "< 0.01" if max(mass) < 0.005 else f"{min(mass):.2f}–{max(mass):.2f}"
             rows.append([f"{name}: layers {lo}–{hi}", _erf_range(layers), share])
     return md(["run", f"ERF({ERF_EPS:g}) in tokens", "attention mass beyond 8192 tokens"], rows)
 
