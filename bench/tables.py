@@ -1,0 +1,460 @@
+"""Every table of README.md and docs/results.md, printed from the committed JSON in bench/results/.
+
+The documents paste these tables verbatim, each under a comment naming it (``<!-- bench/tables.py NAME -->``),
+and tests/test_bench_tables.py checks that they still match, so the docs cannot drift from the data.
+Reads JSON only (json + numpy): no llama.cpp, no model; runs in well under a second.
+
+    python bench/tables.py all              # every table, each under its marker
+    python bench/tables.py nll passkey      # areas or single tables (see --list)
+    python bench/tables.py --list
+
+Some bench scripts print tables of their own for a quick look; the ones here duplicate their logic so that
+this script never imports a module that needs the library or a model (to deduplicate later):
+``nll-64k`` and ``passkey`` follow ``bench/long_eval.py table`` (``range_mean``, ``nll_table``,
+``passkey_table``), ``topk-passkey`` and ``topk-cost`` follow ``bench/top_k.py table``, ``pytorch`` follows
+``bench/pytorch_route.py table`` (``rate_before``), and ``stream``/``knobs-off``/``soak`` read what
+``bench/performance.py`` (``prefill_at``, ``summarize``, ``soak_summary``) computes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MIB = 2 ** 20
+DASH = "—"
+
+
+def load(name: str, results: Path = RESULTS) -> dict:
+    return json.loads((results / name).read_text())
+
+
+def md(header: List[str], rows: List[List[str]]) -> str:
+    """A GitHub markdown table."""
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def f(x: Optional[float], digits: int) -> str:
+    return DASH if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.{digits}f}"
+
+
+def k(tokens: int) -> str:
+    return f"{tokens // 1024}k"
+
+
+# --- NLL: ablation over 32k (bench/lambda_ablation.py) and the long run to 64k (bench/long_eval.py nll) --------
+
+ABLATION_ROWS = (  # JSON key, label (S, W, C filled in from the JSON)
+    ("lambda+ceiling", "Λ + ceiling (S = {sinks}, W = C = {window})"),
+    ("window-only", "window only (S = 0, W = {window})"),
+    ("lambda-only", "Λ without ceiling (S = {sinks}, W = {window})"),
+    ("ceiling-only", "ceiling without Λ (C = {ceiling}, full attention)"),
+    ("vanilla", "vanilla (full attention)"),
+)
+
+
+def table_ablation(r: Path) -> str:
+    d = load("lambda_ablation.json", r)
+    rows = []
+    for key, label in ABLATION_ROWS:
+        c = d["configs"][key]
+        s = c["summary"]
+        rows.append([label.format(**c["attention"]), f(s["nll_4k_8k"], 3), f(s["nll_16k_32k"], 3),
+                     f(s["ratio_16k_32k_over_4k_8k"], 3), f(c["tokens_per_second"], 1), c["n_ctx"]])
+    return md(["configuration", "NLL 4k–8k", "NLL 16k–32k", "ratio to 4k–8k", "tok/s", "KV cells (n_ctx)"], rows)
+
+
+NLL_RANGES = ((4096, 8192), (8192, 16384), (16384, 32768), (32768, 65536))
+
+
+def range_mean(buckets: List[dict], lo: int, hi: int) -> Optional[float]:
+    """Token-weighted mean NLL of the buckets inside target positions lo+1..hi (as bench/long_eval.py)."""
+    inside = [b for b in buckets if b["start"] > lo and b["end"] <= hi]
+    w = np.array([b["end"] - b["start"] + 1 for b in inside], dtype=float)
+    if not inside or w.sum() < hi - lo - 1:
+        return None
+    return float(np.dot(w, [b["nll"] for b in inside]) / w.sum())
+
+
+def nll_label(name: str) -> str:
+    if name.startswith("profile="):
+        return f"profile (`{name[len('profile='):]}`)"
+    return name
+
+
+def table_nll_64k(r: Path) -> str:
+    d = load("nll_essays.json", r)
+    rows = []
+    for name, e in d["configs"].items():
+        cells = [f(range_mean(e["buckets"], lo, hi), 3) for lo, hi in NLL_RANGES]
+        if e.get("complete"):
+            speed, rss = f(e["tokens_per_second"], 1), f(e["peak_rss_bytes"] / MIB, 0)
+        else:
+            speed, rss = f"(stopped at {e.get('tokens_done', 0)})", DASH
+        rows.append([nll_label(name)] + cells + [speed, rss, e["config"]["n_ctx"]])
+    head = [f"NLL {k(lo)}–{k(hi)}" for lo, hi in NLL_RANGES]
+    return md(["configuration"] + head + ["tok/s", "peak RSS MiB", "KV cells (n_ctx)"], rows)
+
+
+# --- passkey (bench/long_eval.py passkey) ------------------------------------------------------------------------
+
+PASSKEY_LABELS = {"vanilla": "vanilla", "lambda": "Λ + ceiling", "context-shift": "context shift"}
+
+
+def table_passkey(r: Path) -> str:
+    d = load("passkey.json", r)
+    found: Dict[str, Dict[int, List[bool]]] = {}
+    for t in d["trials"]:
+        found.setdefault(t["config"], {}).setdefault(t["length"], []).append(bool(t["correct"]))
+    lengths = sorted({L for by in found.values() for L in by})
+    rows = []
+    for name, by in found.items():
+        rows.append([PASSKEY_LABELS.get(name, name)]
+                    + [f"{sum(by[L])}/{len(by[L])}" if L in by else DASH for L in lengths])
+    return md(["configuration"] + [k(L) for L in lengths], rows)
+
+
+# --- speed and memory (bench/performance.py) --------------------------------------------------------------------
+
+def table_stream(r: Path) -> str:
+    d = load("performance.json", r)
+    lam = {m["tokens"]: m for m in d["stream_lambda"]["marks"]}
+    van = {m["tokens"]: m for m in d["stream_vanilla"]["marks"]}
+    rows = []
+    for t in sorted(set(lam) | set(van)):
+        a, v = lam.get(t), van.get(t)
+        rows.append([k(t),
+                     f(a["prefill_tok_s"], 1) if a else DASH, f(a["decode_tok_s"], 1) if a else DASH,
+                     f(a["paired_decode"]["median_ratio"], 3) if a and "paired_decode" in a else DASH,
+                     f(a["peak_rss_bytes"] / MIB, 0) if a else DASH,
+                     f(v["prefill_tok_s"], 1) if v else DASH, f(v["decode_tok_s"], 1) if v else DASH,
+                     f(v["peak_rss_bytes"] / MIB, 0) if v else DASH])
+    return md(["tokens read", "Λ prefill tok/s", "Λ decode tok/s", "Λ decode, paired with 8k", "Λ peak RSS MiB",
+               "vanilla prefill tok/s", "vanilla decode tok/s", "vanilla peak RSS MiB"], rows)
+
+
+KNOBS_OFF_ROWS = (
+    ("knobs_off_1thread", "1 thread, all 16 patches"),
+    ("knobs_off_1thread_before_0015", "1 thread, before patch 0015"),
+    ("knobs_off", "2 threads"),
+)
+
+
+def table_knobs_off(r: Path) -> str:
+    d = load("performance.json", r)
+
+    def ratio(s: dict) -> str:
+        return f"{s['median']:.3f} ({s['min']:.3f}–{s['max']:.3f})"
+
+    rows = []
+    for key, label in KNOBS_OFF_ROWS:
+        sec = d[key]
+        s = sec["summary"]
+        rows.append([f"{label} (`{key}`)", sec["repeats"], ratio(s["patched_over_upstream_prefill"]),
+                     ratio(s["patched_over_upstream_decode"]), ratio(s["stats_overhead_prefill"])])
+    return md(["run (section)", "rounds", "prefill, ours / upstream", "decode, ours / upstream",
+               "statistics on / off (prefill)"], rows)
+
+
+def table_prefill_dip(r: Path) -> str:
+    d = load("performance.json", r)
+    secs = ("prefill_dip_d0", "prefill_dip_d64", "prefill_dip_d0_0015")
+    blocks = [{b["end"]: b["tok_s"] for b in d[s]["blocks"]} for s in secs]
+    ends = sorted(set().union(*blocks))
+    rows = [[f"{(e - 1024) // 1024}k–{k(e)}"] + [f(b.get(e), 1) if e in b else DASH for b in blocks] for e in ends]
+    rows.append(["whole stream, seconds"] + [f(d[s]["total_s"], 0) for s in secs])
+    return md(["tokens", "before 0015, `--decode 0` tok/s", "before 0015, `--decode 64` tok/s",
+               "with 0015, `--decode 0` tok/s"], rows)
+
+
+def table_soak(r: Path) -> str:
+    sec = load("performance.json", r)["soak"]
+    marks = sorted(sec["marks"], key=lambda m: m["tokens"])
+    size, buckets = sec["bucket"], sec["buckets"]
+    rows, prev = [], None
+    for m in marks:
+        t = m["tokens"]
+        nll = DASH
+        if prev is not None:
+            part = buckets[prev // size:t // size]
+            if len(part) == (t - prev) // size:
+                nll = f"{float(np.mean(part)):.2f} ({k(prev)}–{k(t)})"
+        rows.append([f"{t:,}", f(m["rss_bytes"] / MIB, 1), f(m["peak_rss_bytes"] / MIB, 1),
+                     f(m["peak_rss_bytes"] / marks[1]["peak_rss_bytes"], 5), nll])
+        prev = t
+    return md(["tokens read", "RSS MiB", "peak RSS MiB", "peak / peak at 16k", "mean NLL since the last mark"],
+              rows)
+
+
+# --- top-k middle keys (bench/top_k.py) -------------------------------------------------------------------------
+
+def _topk_found(d: dict) -> Dict[str, Dict[int, Dict[float, bool]]]:
+    out: Dict[str, Dict[int, Dict[float, bool]]] = {}
+    for t in d["passkey"]["trials"]:
+        for name, a in t["answers"].items():
+            out.setdefault(name, {}).setdefault(t["length"], {})[float(t["depth"])] = bool(a["correct"])
+    return out
+
+
+def table_topk_passkey(r: Path) -> str:
+    """One mark per depth (✓ found, · missed) per setting and length, as ``bench/top_k.py table``."""
+    found = _topk_found(load("top_k.json", r))
+    lengths = sorted({L for by in found.values() for L in by})
+    rows = []
+    for name, by in found.items():
+        cells = ["".join("✓" if ok else "·" for _, ok in sorted(by.get(L, {}).items())) for L in lengths]
+        flat = [ok for ds in by.values() for ok in ds.values()]
+        rows.append([name] + cells + [f"{np.mean(flat):.2f}"])
+    return md(["setting"] + [k(L) for L in lengths] + ["all"], rows)
+
+
+TOPK_SUMMARY = ("lambda (no top-k)", "top-k k=5 h0=5 D=C/2", "D=1024")
+
+
+def table_topk_summary(r: Path) -> str:
+    """Keys found per length for plain Λ, LM-Infinite's top-k setting and the best one."""
+    d = load("top_k.json", r)
+    found, settings = _topk_found(d), d["passkey"]["settings"]
+    lengths = sorted({L for by in found.values() for L in by})
+    rows = []
+    for name in TOPK_SUMMARY:
+        by, st = found[name], settings[name]
+        label = ("Λ, no top-k" if not st["k"] else
+                 f"top-k k = {st['k']}, h0 = {st['h0']}, D = {st['D']}" + (" (C/2)" if "C/2" in name else ""))
+        rows.append([label] + [f"{sum(by[L].values())}/{len(by[L])}" for L in lengths])
+    return md(["setting (passkey, keys found)"] + [k(L) for L in lengths], rows)
+
+
+def table_topk_cost(r: Path) -> str:
+    modes = load("top_k.json", r)["cost"]["modes"]
+    rows = []
+    for name, m in modes.items():
+        last = list(m["prefill_tok_s_per_2048_block"].values())[-1]
+        rows.append([name, f(m["prefill_tok_s"], 1), f(last, 1), f(m["decode_tok_s_best_of_3"], 1),
+                     f(m["peak_rss_bytes"] / MIB, 0), m["n_ctx"]])
+    return md(["mode", "prefill tok/s (mean)", "last 2048-token block", "decode tok/s after", "peak RSS MiB",
+               "n_ctx"], rows)
+
+
+# --- calibration (bench/calibration.py) -------------------------------------------------------------------------
+
+def table_calibration_stats(r: Path) -> str:
+    t1 = load("calibration.json", r)["table1"]
+    tr = load("calibration.json", r)["setup"]["training_length"]
+    rows = []
+    for L, s in sorted(t1.items(), key=lambda kv: int(kv[0])):
+        label = f"{L} (L_tr)" if int(L) == tr else L
+        rows.append([label, f"{s['pmax_all']:.3f} ({s['pmax_tail']:.3f})",
+                     f"{s['entropy_all']:.2f} ({s['entropy_tail']:.2f})"])
+    return md(["L", "max probability Pmax", "entropy H"], rows)
+
+
+def table_calibration_tau(r: Path) -> str:
+    """Algorithm 1's τ by statistic and search, against the log-length rule."""
+    d = load("calibration.json", r)
+    alg, ll = d["algorithm1"], d["log_length"]
+    lengths = sorted({int(L) for m in alg.values() for L in m["grid"]})
+    rows = []
+    for mode, label in (("pmax", "Pmax"), ("entropy", "entropy")):
+        a = alg[mode]
+        for L in lengths:
+            g = a["grid"].get(str(L))
+            c = a["continuous"].get(str(L))
+            pl = a["per_layer"].get(str(L))
+            rows.append([label, L, f"{g['tau']:.1f}" if g else DASH,
+                         f"{c['tau']:.4f} ({c['passes']} passes)" if c else DASH,
+                         f"{min(pl['tau']):.2f}–{max(pl['tau']):.2f}" if pl else DASH, f"{ll[str(L)]:.4f}"])
+    grid = sorted({float(t) for m in alg.values() for g in m["grid"].values() for t in g["curve"]}, reverse=True)
+    head = "grid {" + ", ".join(f"{t:.1f}" for t in grid) + "}"
+    return md(["statistic", "L", head, "continuous", "per layer (min–max)", "log L_tr / log L"], rows)
+
+
+def table_calibration_nll(r: Path) -> str:
+    d = load("calibration.json", r)
+    full, n32 = d["nll_full_attention"], d["nll_32k"]
+    rows = [
+        ["τ = 1", f(full["tau=1"]["nll_8192_16384"], 3), f(n32["full, tau=1"]["nll_16k_32k"], 3)],
+        ["log-length τ", f"{full['log-length']['nll_8192_16384']:.3f} (τ = {full['log-length']['tau']:.4f})",
+         f"{n32['full, log-length schedule']['nll_16k_32k']:.3f} (schedule log 8192 / log p)"],
+        ["Algorithm 1, Pmax",
+         f"{full['pmax (continuous)']['nll_8192_16384']:.3f} (τ = {full['pmax (continuous)']['tau']:.4f})",
+         f"{n32['full, pmax schedule']['nll_16k_32k']:.3f} (schedule through "
+         + ", ".join(k(p[0]) for p in n32["full, pmax schedule"]["points"][1:]) + " points)"],
+        ["Algorithm 1, entropy",
+         f"{full['entropy (continuous)']['nll_8192_16384']:.3f} (τ = {full['entropy (continuous)']['tau']:.4f})",
+         f(n32["full, entropy schedule"]["nll_16k_32k"], 3)],
+        ["**Λ + ceiling (S = 10, W = C = 8192)**", "",
+         f"**{n32['Lambda+ceiling, tau=1']['nll_16k_32k']:.3f}** (τ = 1), "
+         f"{n32['Lambda+ceiling, pmax schedule']['nll_16k_32k']:.3f} (Pmax schedule)"],
+    ]
+    return md(["full attention", "NLL 8k–16k (16k tokens)", "NLL 16k–32k (32k tokens)"], rows)
+
+
+# --- receptive fields (llama-extrapolate trf, bench/receptive_field.py) -----------------------------------------
+
+def table_trf(r: Path) -> str:
+    d = load("receptive_field.json", r)
+    eps = d["eps"]
+    rows = []
+    for name, e in d["trf"].items():
+        v = e["verdict"]
+        B = e.get("B")
+        b = DASH if not B else (f"{B[0]:.4g}" if np.isclose(B[0], B[1], rtol=1e-9) else f"{B[0]:.4g}–{B[1]:.4g}")
+        trf = {x["eps"]: x["trf"] for x in (e.get("trf") or [])}
+        rows.append([name, "converges" if v["converges"] else "diverges", b]
+                    + [str(trf[x]) if x in trf else DASH for x in eps])
+    return md(["RPE", "Σ exp(RPE)", "B"] + [f"TRF({x:g})" for x in eps], rows)
+
+
+ERF_EPS = 0.1
+
+
+def table_erf(r: Path) -> str:
+    """ERF(0.1) per layer group: the range of the bins (tokens) that hold it, and the sinks' share under Λ."""
+    d = load("receptive_field.json", r)
+    runs = list(d["erf"].items())
+    n_layer = len(runs[0][1]["by_layer"])
+    groups = ((0, 11), (12, n_layer - 1))
+    rows = []
+    for name, e in runs:
+        rows.append([f"{name}: overall", _erf_range([e["overall"]]), DASH])
+        for lo, hi in groups:
+            layers = e["by_layer"][lo:hi + 1]
+            mass = e["mass_beyond_8192_by_layer"][lo:hi + 1]
+            share = "0" if max(mass) == 0 else "< 0.01" if max(mass) < 0.005 else f"{min(mass):.2f}–{max(mass):.2f}"
+            rows.append([f"{name}: layers {lo}–{hi}", _erf_range(layers), share])
+    return md(["run", f"ERF({ERF_EPS:g}) in tokens", "attention mass beyond 8192 tokens"], rows)
+
+
+def _erf_range(layers: List[List[dict]]) -> str:
+    cells = [[x for x in layer if x["eps"] == ERF_EPS][0] for layer in layers]
+    return f"{min(c['lo'] for c in cells):,}–{max(c['hi'] for c in cells):,}"
+
+
+# --- PyTorch route (bench/pytorch_route.py) ---------------------------------------------------------------------
+
+def rate_before(blocks: List[dict], end: int, span: int = 8192) -> Optional[float]:
+    """Tokens/s over the span tokens before ``end`` (as bench/pytorch_route.py)."""
+    inside = [b for b in blocks if end - span < b["end"] <= end]
+    if not inside or inside[-1]["end"] != end:
+        return None
+    return sum(b["tokens"] for b in inside) / sum(b["tokens"] / b["tok_s"] for b in inside)
+
+
+PYTORCH_LABELS = {"llama-extrapolate": "llama-extrapolate", "torch": "PyTorch (transformers)"}
+
+
+def table_pytorch(r: Path) -> str:
+    d = load("pytorch_route.json", r)
+    rows = []
+    for name, x in d["routes"].items():
+        rows.append([PYTORCH_LABELS.get(name, name), f(x["load_s"], 1), f(rate_before(x["blocks"], 16384), 1),
+                     f(rate_before(x["blocks"], 32768), 1), f(x["mean_nll"], 4), f(x["peak_rss_bytes"] / MIB, 0)])
+    s = d["summary"]
+    rows.append(["ratio / largest block difference", "", f"{s['tok_s_ratio_16384']:.2f}×",
+                 f"{s['tok_s_ratio_32768']:.2f}×", f"{s['max_abs_block_nll_diff']:.3f} nats", ""])
+    return md(["route", "load s", "tok/s over 8k–16k", "tok/s over 24k–32k", f"mean NLL ({k(d['tokens'])} tokens)",
+               "peak RSS MiB"], rows)
+
+
+# --- llama.cpp's own tests (tools/upstream.py tests) ------------------------------------------------------------
+
+def table_upstream(r: Path) -> str:
+    """The pass list of both trees; the test count is the JSON's (it counts the build of `test-chat` as one)."""
+    d = load("upstream_tests.json", r)
+    rows = []
+    for tree in ("patched", "unpatched"):
+        t = d[tree]
+        others = sorted(f"`{n}` {v['status']}" for n, v in t.items() if v["status"] != "passed")
+        ops = t.get("test-backend-ops test -b CPU", {}).get("tests_passed") or DASH
+        rows.append([tree, f"{d['passed_' + tree]}/{d['tests']}", ops.replace(" tests passed", ""),
+                     t.get("test-alloc", {}).get("status", DASH), "; ".join(others)])
+    rows.append(["same pass list", "yes" if d["same_pass_list"] else "no", "", "",
+                 "; ".join(map(str, d["differences"])) or "no differences"])
+    return md(["tree", "passed", "`test-backend-ops test -b CPU`", "`test-alloc`", "not passed"], rows)
+
+
+# --- registry ---------------------------------------------------------------------------------------------------
+
+TABLES: Dict[str, Callable[[Path], str]] = {
+    "ablation": table_ablation,
+    "nll-64k": table_nll_64k,
+    "passkey": table_passkey,
+    "stream": table_stream,
+    "knobs-off": table_knobs_off,
+    "prefill-dip": table_prefill_dip,
+    "soak": table_soak,
+    "topk-summary": table_topk_summary,
+    "topk-passkey": table_topk_passkey,
+    "topk-cost": table_topk_cost,
+    "calibration-stats": table_calibration_stats,
+    "calibration-tau": table_calibration_tau,
+    "calibration-nll": table_calibration_nll,
+    "trf": table_trf,
+    "erf": table_erf,
+    "pytorch": table_pytorch,
+    "upstream": table_upstream,
+}
+
+AREAS: Dict[str, List[str]] = {
+    "nll": ["ablation", "nll-64k"],
+    "speed": ["stream", "knobs-off", "prefill-dip", "soak"],
+    "top-k": ["topk-summary", "topk-passkey", "topk-cost"],
+    "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
+    "receptive-fields": ["trf", "erf"],
+}
+
+
+def marker(name: str) -> str:
+    """The comment that precedes the table in the documents."""
+    return f"<!-- bench/tables.py {name} -->"
+
+
+def render(name: str, results: Path = RESULTS) -> str:
+    return TABLES[name](results)
+
+
+def expand(names: List[str]) -> List[str]:
+    out: List[str] = []
+    for n in names:
+        if n == "all":
+            out += list(TABLES)
+        elif n in AREAS:
+            out += AREAS[n]
+        elif n in TABLES:
+            out.append(n)
+        else:
+            raise SystemExit(f"unknown table {n!r}: choose from all, {', '.join(AREAS)}, {', '.join(TABLES)}")
+    return list(dict.fromkeys(out))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("names", nargs="*", default=["all"], help="tables or areas (default: all)")
+    p.add_argument("--list", action="store_true", help="list the areas and tables")
+    p.add_argument("--results", default=str(RESULTS), help="directory of the JSON (default: bench/results)")
+    args = p.parse_args(argv)
+    if args.list:
+        for area, names in AREAS.items():
+            print(f"{area}: {' '.join(names)}")
+        print("tables: " + " ".join(TABLES))
+        return 0
+    names = expand(args.names)
+    for i, n in enumerate(names):
+        if i:
+            print()
+        print(marker(n))
+        print(render(n, Path(args.results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
