@@ -388,7 +388,7 @@ def test_flash_attention_is_exact_for_mask_and_temperature(tiny, case):
 
 @pytest.mark.parametrize("ceiling", [32, 16])
 def test_ceiling_with_far_cells_behind_another_sequence(tiny, ceiling):
-    """Patch 0011 scores only the span of cells that some query sees at distance >= C. Here another
+    """The distance ceiling (patch 0003) scores only the span of cells that some query sees at distance >= C. Here another
     sequence holds the first cells of a unified cache, so the stream's sinks sit at cells 7-10 and the
     span starts with the other sequence's sinks, which the far mask must hide from this stream."""
     import llama_cpp

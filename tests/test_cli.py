@@ -26,7 +26,7 @@ def test_info_default_model_text():
     assert "heads            9" in out
     assert "KV heads         3" in out
     assert "llama.cpp commit   0c1e570" in out
-    assert "0001-llama-extrapolate-c-api.patch" in out
+    assert "0001-c-api-and-metadata.patch" in out
 
 
 def test_info_console_script_json(default_model):

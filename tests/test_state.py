@@ -1,4 +1,4 @@
-"""State save/load of a Lambda stream: the library's state carries the position re-basing (patch 0016)."""
+"""State save/load of a Lambda stream: the library's state carries the position re-basing (patch 0009)."""
 
 import ctypes
 

@@ -1,4 +1,4 @@
-"""Attention statistics summed inside llama.cpp (patch 0009) against the numpy oracle.
+"""Attention statistics summed inside llama.cpp (patch 0006) against the numpy oracle.
 
 The oracle writes every softmax row out in full and takes its maximum,
 entropy, logit mean and variance and mass by distance bin; llama.cpp never
