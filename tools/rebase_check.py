@@ -13,7 +13,7 @@ repository and never modified. Each patch is then tried in order:
                     later patches are tried against as much of the series as could go in
 
 and the report lists, per patch, its size, how much of it lands in upstream files (the part a
-rebase has to merge) and which hunks were rejected. The summary counts what an upgrade costs
+rebase has to merge; the rest is in files the series creates) and which hunks were rejected. The summary counts what an upgrade costs
 before anyone starts it. With the pinned tree every patch must apply.
 """
 
@@ -117,11 +117,13 @@ def try_patch(repo: Path, patch: Path) -> PatchReport:
     text = patch.read_text()
     files = parse_diff(text)
     diff = text.partition("\n---\n")[2]
-    upstream = [f for f in files if not f.new_file]
+    # upstream files: those of the tree the series is applied to (a file an earlier patch created is ours)
+    upstream = [f for f in files if git(repo, "cat-file", "-e", f"base:{f.path}", check=False).returncode == 0]
+    ours = [f for f in files if f not in upstream]
     report = PatchReport(
         name=patch.name, hunks=sum(f.hunks for f in files), hunks_upstream=sum(f.hunks for f in upstream),
         added_upstream=sum(f.added for f in upstream), removed_upstream=sum(f.removed for f in upstream),
-        added_new_files=sum(f.added for f in files if f.new_file))
+        added_new_files=sum(f.added for f in ours))
     for status, extra in (("applies", []), ("applies-reduced", ["-C1"])):
         if git(repo, "apply", "--check", "--whitespace=nowarn", *extra, "-", check=False, input=diff).returncode == 0:
             git(repo, "apply", "--whitespace=nowarn", *extra, "-", input=diff)
@@ -153,12 +155,13 @@ def check(tree: Path, patches: List[Path]) -> List[PatchReport]:
         git(repo, "init", "-q")
         git(repo, "add", "-A")
         git(repo, "commit", "-qm", "base")
+        git(repo, "tag", "base")
         return [try_patch(repo, p) for p in patches]
 
 
 def print_report(tree: Path, reports: List[PatchReport]) -> None:
     print(f"llama.cpp tree: {tree}")
-    print(f"{'patch':48} {'result':16} {'hunks':>5} {'in upstream':>11} {'+up':>5} {'-up':>4} {'+new':>5}")
+    print(f"{'patch':48} {'result':16} {'hunks':>5} {'in upstream':>11} {'+up':>5} {'-up':>4} {'+ours':>5}")
     for r in reports:
         print(f"{r.name:48} {r.status:16} {r.hunks:5d} {r.hunks_upstream:11d} {r.added_upstream:5d} "
               f"{r.removed_upstream:4d} {r.added_new_files:5d}")
