@@ -79,3 +79,24 @@ def test_info_bad_model_is_a_clear_error(case, tmp_path, default_model):
     assert str(path) in proc.stderr
     if case == "no-context-length":
         assert "llama.context_length" in proc.stderr
+
+
+def test_sampling_and_softmax_temperatures_have_different_names(capsys):
+    """`run --sampling-temperature` is the sampler's; the attention's softmax temperature comes from --profile,
+    so no flag of run is called plain --temperature (it used to be the sampler's, unlike every other one)."""
+    from llama_extrapolate import cli
+
+    run = cli.build_parser()._subparsers._group_actions[0].choices["run"]
+    flags = {f for a in run._actions for f in a.option_strings}
+    assert "--sampling-temperature" in flags and "--temperature" not in flags
+    assert cli.main(["run", "--file", __file__, "--prompt", "x", "--sampling-temperature", "-1"]) == 2
+    assert "--sampling-temperature -1.0 must be >= 0" in capsys.readouterr().err
+
+
+def test_trf_theory_and_model_windows_have_different_names():
+    from llama_extrapolate import cli
+
+    trf = cli.build_parser()._subparsers._group_actions[0].choices["trf"]
+    flags = {f for a in trf._actions for f in a.option_strings}
+    assert {"--rpe-window", "--rpe-sinks", "--window", "--sinks"} <= flags
+    assert not {"--erf-window", "--erf-sinks"} & flags

