@@ -88,7 +88,7 @@ def main(argv=None) -> int:
                         "n_batch": 512, "queries": "all (paper) and tail (last 256 queries before L)"}
 
     def on_measure(m):
-        state.setdefault("passes", {})[calibrate._tau_key(m.tau)] = m
+        state.setdefault("passes", {})[calibrate.tau_key(m.tau)] = m
         save()
 
     # --- 1. tau = 1 to the table-1 length ---------------------------------------------------------

@@ -120,15 +120,15 @@ class TorchLambdaReader:
 
 
 def essay_tokens(model: str, n: int) -> list:
-    from llama_extrapolate.cli import _first_tokens
+    from llama_extrapolate.reader import first_tokens
 
-    return list(_first_tokens(model, None, "pg-essays", n)[0])
+    return list(first_tokens(model, None, "pg-essays", n)[0])
 
 
 def run_torch(model: str, tokens: list, n_batch: int, threads: int, sinks: int, window: int) -> dict:
     from tqdm import tqdm
 
-    from llama_extrapolate.evaluate import _log_softmax_at, peak_rss_bytes
+    from llama_extrapolate.evaluate import log_softmax_at, peak_rss_bytes
 
     t0 = time.perf_counter()
     reader = TorchLambdaReader(Path(model), threads, sinks, window)
@@ -140,7 +140,7 @@ def run_torch(model: str, tokens: list, n_batch: int, threads: int, sinks: int, 
     for s in tqdm(range(0, len(toks), n_batch), desc="torch", unit="batch"):
         logits = reader.feed(toks[s:s + n_batch].tolist())
         targets = toks[s + 1:s + n_batch + 1]
-        nll[s:s + len(targets)] = _log_softmax_at(logits[: len(targets)], targets)
+        nll[s:s + len(targets)] = log_softmax_at(logits[: len(targets)], targets)
         stamps.append((s + len(logits), time.perf_counter() - t0))
     return {"load_s": load_s, "stamps": stamps, "nll": nll, "peak_rss_bytes": peak_rss_bytes()}
 

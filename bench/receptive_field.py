@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "receptive_field.json"))
     args = ap.parse_args(argv)
 
-    from llama_extrapolate import trf
+    from llama_extrapolate import plots, trf
 
     eps = [float(x) for x in args.eps.split(",")]
     cal = json.loads(Path(args.calibration).read_text())
@@ -51,8 +51,8 @@ def main(argv=None) -> int:
            "theorem_0_5": {"Type 2 vs Type 1": trf.compare(trf.type2(), trf.type1())}}
     path = Path(args.out)
     path.write_text(json.dumps(out, indent=1))
-    trf.plot_erf(erf, path.with_suffix(".png"), eps=0.1)
-    trf.plot_trf(rpes, path.with_name(path.stem + "_trf.png"))
+    plots.plot_erf(erf, path.with_suffix(".png"), eps=0.1)
+    plots.plot_trf(rpes, path.with_name(path.stem + "_trf.png"))
     for name, e in erf.items():
         print(name)
         print("  overall:", ", ".join(f"ERF({x['eps']:g}) in [{x['lo']}, {x['hi']}]" for x in e["overall"]))

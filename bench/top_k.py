@@ -38,7 +38,7 @@ from llama_extrapolate import AttentionConfig
 from llama_extrapolate.evaluate import peak_rss_bytes, peak_rss_reset
 from llama_extrapolate.models import default_model_path
 from llama_extrapolate.modelinfo import read_model_info
-from llama_extrapolate.tasks import _first_number, _Stream, passkey_prompt
+from llama_extrapolate.tasks import first_number, Stream, passkey_prompt
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "top_k.json"
@@ -115,7 +115,7 @@ def run_passkey(args, results: dict) -> None:
     cfg = AttentionConfig(sinks=10, window=WINDOW, ceiling=WINDOW, rollback=0, top_k=5, top_k_scope="question")
     llm = llama_extrapolate.Llama(str(model), attention=cfg, n_ctx=n_ctx, n_batch=512, n_ubatch=512,
                                   n_threads=args.threads, verbose=False)
-    stream = _Stream(llm, 512, None)
+    stream = Stream(llm, 512, None)
     from tqdm import tqdm
 
     try:
@@ -131,7 +131,7 @@ def run_passkey(args, results: dict) -> None:
                 llm.set_top_k(k, layer=h0, distance=dist)  # k = 0: off
                 logits = stream.feed(p.tokens[p.question_start:])
                 text = llm.detokenize(stream.answer(logits, N_NEW)).decode("utf-8", errors="replace")
-                answers[name] = {"answer": text.strip(), "correct": _first_number(text) == p.key}
+                answers[name] = {"answer": text.strip(), "correct": first_number(text) == p.key}
             pk["trials"].append({"length": L, "depth": d, "trial": t, "tokens": len(p.tokens), "key": p.key,
                                  "read_seconds": read_s, "seconds": time.perf_counter() - t0, "answers": answers})
             pk["accuracy"] = accuracy(pk["trials"])
@@ -191,7 +191,7 @@ def run_cost(args, results: dict) -> None:
         n_ctx = (10 + WINDOW + 512) if bounded else n + 600
         llm = llama_extrapolate.Llama(str(model), attention=cfg, n_ctx=n_ctx, n_batch=512, n_ubatch=512,
                                       n_threads=args.threads, verbose=False)
-        stream = _Stream(llm, 512, None)
+        stream = Stream(llm, 512, None)
         marks = {}
         try:
             stream.reset()

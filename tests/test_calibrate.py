@@ -44,7 +44,7 @@ def synthetic_calibrator(c, lengths=(256, 1024), training_length=64):
     passes = []
 
     def measure(tau):
-        key = calibrate._tau_key(tau)
+        key = calibrate.tau_key(tau)
         if key not in cal.cache:
             passes.append(key)
             cal.cache[key] = calibrate.Measurement(tau=tau, at={L: syn.stats(tau, L) for L in cal.checkpoints},

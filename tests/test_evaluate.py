@@ -55,7 +55,7 @@ def test_streaming_nll_bad_input(tiny, tokens, n_batch, words):
 def test_log_softmax_at_matches_the_whole_array_formula_and_stays_small():
     import tracemalloc
 
-    from llama_extrapolate.evaluate import _log_softmax_at
+    from llama_extrapolate.evaluate import log_softmax_at
 
     rng = np.random.default_rng(5)
     logits = (rng.standard_normal((77, 1000)) * 8 + 300).astype(np.float32)   # large offsets: needs the max shift
@@ -63,15 +63,15 @@ def test_log_softmax_at_matches_the_whole_array_formula_and_stays_small():
     rows = logits.astype(np.float64)
     m = rows.max(1)
     expected = m + np.log(np.exp(rows - m[:, None]).sum(1)) - rows[np.arange(77), targets]
-    np.testing.assert_allclose(_log_softmax_at(logits, targets, rows_per_step=10), expected, rtol=1e-12)
-    np.testing.assert_allclose(_log_softmax_at(logits, targets), expected, rtol=1e-12)
+    np.testing.assert_allclose(log_softmax_at(logits, targets, rows_per_step=10), expected, rtol=1e-12)
+    np.testing.assert_allclose(log_softmax_at(logits, targets), expected, rtol=1e-12)
 
     # a 512-token chunk of a 49k vocabulary: the scoring must not hold float64 copies of the whole chunk
     big = rng.standard_normal((512, 49152)).astype(np.float32)
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
-        _log_softmax_at(big, rng.integers(0, 49152, size=512))
+        log_softmax_at(big, rng.integers(0, 49152, size=512))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

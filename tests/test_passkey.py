@@ -57,10 +57,10 @@ def test_needle_prompt_in_essays(smol_tokenize):
 
 
 def test_first_number_scoring():
-    from llama_extrapolate.tasks import _first_number
+    from llama_extrapolate.tasks import first_number
 
-    assert _first_number(" 48213. Remember") == "48213"
-    assert _first_number("no digits") is None
+    assert first_number(" 48213. Remember") == "48213"
+    assert first_number("no digits") is None
 
 
 def test_passkey_run_is_resumable_and_plots(tmp_path, tiny_llama, monkeypatch):
@@ -76,7 +76,7 @@ def test_passkey_run_is_resumable_and_plots(tmp_path, tiny_llama, monkeypatch):
     assert len(res["trials"]) == 4 * 2 * 2 * 2
     assert set(res["accuracy"]) == {"lambda", "vanilla", "context-shift", "lambda+top-k"}
     for t in res["trials"]:
-        assert t["correct"] == (tasks._first_number(t["answer"]) == t["key"])
+        assert t["correct"] == (tasks.first_number(t["answer"]) == t["key"])
     keys = {(t["length"], t["depth"], t["trial"]): t["key"] for t in res["trials"] if t["config"] == "lambda"}
     assert keys == {(t["length"], t["depth"], t["trial"]): t["key"] for t in res["trials"] if t["config"] == "vanilla"}
     assert out.with_suffix(".png").stat().st_size > 0
@@ -85,7 +85,7 @@ def test_passkey_run_is_resumable_and_plots(tmp_path, tiny_llama, monkeypatch):
         def __init__(self, *a, **k):
             raise AssertionError("a finished trial was run again")
 
-    monkeypatch.setattr(tasks, "_Stream", Boom)
+    monkeypatch.setattr(tasks, "Stream", Boom)
     assert cli.main(argv) == 0
 
 

@@ -42,7 +42,7 @@ QUERIES = ("all", "tail")
 TauValue = Union[float, np.ndarray]
 
 
-def _tau_key(tau: TauValue) -> Tuple[float, ...]:
+def tau_key(tau: TauValue) -> Tuple[float, ...]:
     return tuple(np.round(np.atleast_1d(np.asarray(tau, dtype=np.float64)).ravel(), 6))
 
 
@@ -98,13 +98,13 @@ def load_passes(path, meta: dict) -> Dict[Tuple[float, ...], Measurement]:
         nll = None if p["nll"] is None else np.array([np.nan if x is None else x for x in p["nll"]])
         m = Measurement(tau=tau, at={int(L): AttentionStats.from_dict(d) for L, d in p["at"].items()},
                         seconds=float(p["seconds"]), nll=nll)
-        out[_tau_key(tau)] = m
+        out[tau_key(tau)] = m
     return out
 
 
 def _decode_to(llm, tokens: np.ndarray, start: int, stop: int, batch, n_batch: int, bar,
                nll: Optional[np.ndarray] = None) -> None:
-    from .evaluate import _log_softmax_at
+    from .evaluate import log_softmax_at
 
     for s in range(start, stop, n_batch):
         interrupt.check()
@@ -124,7 +124,7 @@ def _decode_to(llm, tokens: np.ndarray, start: int, stop: int, batch, n_batch: i
             n = len(chunk)
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(n, llm.n_vocab()))
             targets = tokens[s + 1:s + n + 1]
-            nll[s:s + len(targets)] = _log_softmax_at(logits[: len(targets)], targets)
+            nll[s:s + len(targets)] = log_softmax_at(logits[: len(targets)], targets)
         if bar is not None:
             bar.update(len(chunk))
 
@@ -249,7 +249,7 @@ class Calibrator:
         return sorted(p for p in pts if p >= 1)
 
     def measure(self, tau: TauValue) -> Measurement:
-        key = _tau_key(tau)
+        key = tau_key(tau)
         if key not in self.cache or not self.cache[key].covers(self.checkpoints):
             m = measure(self.llm, self.tokens, self.checkpoints, tau, n_batch=self.n_batch, progress=self.progress,
                         with_nll=self.with_nll)

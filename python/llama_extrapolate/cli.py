@@ -268,34 +268,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _first_tokens(model: str, file: Optional[str], corpus: str, n: int) -> tuple:
-    """(the first n tokens of --file or --corpus, with BOS; a description of the text), tokenized by a
-    vocabulary-only load of the model."""
-    import llama_cpp
-
-    from .corpora import load_corpus
-    from .reader import read_text_file
-
-    if file:
-        text, desc = read_text_file(file), str(file)
-    else:
-        text, desc = load_corpus(corpus), corpus
-    tok = llama_cpp.Llama(model, n_ctx=64, vocab_only=True, verbose=False)
-    try:
-        tokens = tok.tokenize(text[: 12 * n].encode("utf-8"), add_bos=True)[:n]
-    finally:
-        tok.close()
-    if len(tokens) < n:
-        raise ValueError(f"the text {desc} has {len(tokens)} tokens, fewer than --tokens {n}: use a longer "
-                         "text or fewer tokens")
-    return tokens, desc
-
-
 def _cmd_nll(args: argparse.Namespace) -> int:
     from pathlib import Path
 
 
-    from . import evaluate
+    from . import evaluate, plots
     from .models import default_model_path
 
     model = str(args.model if args.model is not None else default_model_path())
@@ -313,13 +290,15 @@ def _cmd_nll(args: argparse.Namespace) -> int:
     if evaluate.TOP_K_CONFIG in names:
         raise ValueError(f"--configs {evaluate.TOP_K_CONFIG}: its middle keys are switched on for a question, and a "
                          "text scored token by token has none; use it with the passkey command")
-    tokens, desc = _first_tokens(model, args.file, args.corpus, args.tokens)
+    from . import reader
+
+    tokens, desc = reader.first_tokens(model, args.file, args.corpus, args.tokens)
     out = Path(args.output)
     results = evaluate.compare_nll(model, tokens, names, out, bucket=args.bucket, n_batch=args.n_batch,
                                    threads=args.threads, window=args.window, sinks=args.sinks,
                                    meta={"text": desc}, progress=not args.quiet,
                                    checkpoint_every=args.checkpoint_every or None)
-    evaluate.plot_nll(results, out.with_suffix(".png"))
+    plots.plot_nll(results, out.with_suffix(".png"))
     if args.json:
         print(json.dumps(results, indent=1))
     else:
@@ -333,7 +312,7 @@ def _cmd_nll(args: argparse.Namespace) -> int:
 def _cmd_passkey(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import tasks
+    from . import plots, tasks
     from .models import default_model_path
 
     model = str(args.model if args.model is not None else default_model_path())
@@ -351,7 +330,7 @@ def _cmd_passkey(args: argparse.Namespace) -> int:
     res = tasks.run_retrieval(model, args.task, configs, lengths, depths, args.trials, args.seed, out,
                               n_batch=args.n_batch, threads=args.threads, window=args.window, sinks=args.sinks,
                               progress=not args.quiet)
-    tasks.plot_accuracy(res, out.with_suffix(".png"))
+    plots.plot_accuracy(res, out.with_suffix(".png"))
     if args.json:
         print(json.dumps(res["accuracy"], indent=1))
     else:
@@ -375,7 +354,7 @@ def _eps_list(value: str) -> list:
 def _cmd_trf(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import trf
+    from . import plots, trf
 
     eps = _eps_list(args.eps)
     if args.heads < 1:
@@ -406,7 +385,9 @@ def _cmd_trf(args: argparse.Namespace) -> int:
             raise ValueError(f"--tokens {args.tokens} must be >= 2")
         model = str(args.model if args.model is not None else default_model_path())
         info = read_model_info(model)
-        tokens, _ = _first_tokens(model, args.file, args.corpus, args.tokens)
+        from . import reader
+
+        tokens, _ = reader.first_tokens(model, args.file, args.corpus, args.tokens)
         erf = {}
         for name in [n.strip() for n in args.configs.split(",") if n.strip()]:
             if name not in ("vanilla", "lambda"):
@@ -420,9 +401,9 @@ def _cmd_trf(args: argparse.Namespace) -> int:
             finally:
                 llm.close()
         results["erf"] = {"model": Path(model).name, **erf}
-        trf.plot_erf(erf, out.with_name(out.stem + "_erf.png"), eps=eps[0])
+        plots.plot_erf(erf, out.with_name(out.stem + "_erf.png"), eps=eps[0])
     out.write_text(json.dumps(results, indent=1))
-    trf.plot_trf(rpes, out.with_suffix(".png"))
+    plots.plot_trf(rpes, out.with_suffix(".png"))
     if args.json:
         print(json.dumps(results, indent=1))
         return 0

@@ -7,7 +7,6 @@ never kept, unlike ``llama_cpp.Llama(logits_all=True)``.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
@@ -39,7 +38,7 @@ class NLLResult:
         return out
 
 
-def _log_softmax_at(logits: np.ndarray, targets: np.ndarray, rows_per_step: int = 32) -> np.ndarray:
+def log_softmax_at(logits: np.ndarray, targets: np.ndarray, rows_per_step: int = 32) -> np.ndarray:
     """-log softmax(logits[i])[targets[i]] in float64, a few rows at a time.
 
     A whole chunk at once would hold several float64 copies of n_batch x n_vocab (about 600 MB for 512 x 49152),
@@ -131,7 +130,7 @@ def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optio
             n_past += n
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(n, n_vocab))
             targets = tokens[start + 1:start + n + 1]
-            nll[start:start + len(targets)] = _log_softmax_at(logits[: len(targets)], targets)
+            nll[start:start + len(targets)] = log_softmax_at(logits[: len(targets)], targets)
             if bar is not None:
                 bar.update(n)
             if on_chunk is not None:
@@ -391,29 +390,3 @@ def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_pat
                      **({"resumed_from_token": r.resumed_from} if r.resumed_from else {}))
         save()
     return results
-
-
-def plot_nll(results: dict, path, title: Optional[str] = None) -> None:
-    """One NLL-by-position curve per configuration (like LM-Infinite's Figures 3 and 5)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    for name, entry in results.get("configs", {}).items():
-        b = entry.get("buckets") or []
-        if b:
-            label = name
-            if name.startswith(PROFILE_CONFIG_PREFIX):  # the file name is enough to tell the curve apart
-                label = PROFILE_CONFIG_PREFIX + os.path.basename(name[len(PROFILE_CONFIG_PREFIX):])
-            ax.plot([x["end"] for x in b], [x["nll"] for x in b], marker=".", label=label)
-    ax.set_xlabel("token position")
-    ax.set_ylabel(f"NLL (mean over {results.get('bucket', '?')}-token buckets)")
-    ax.set_title(title or f"{results.get('model', '')}: {results.get('text', '')}")
-    ax.grid(alpha=0.3)
-    # outside the axes: the curves fill the whole plot at long lengths
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -221,3 +221,25 @@ def peak_rss_bytes() -> int:
     """Peak resident memory of this process (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def first_tokens(model: str, file: Optional[str], corpus: str, n: int) -> tuple:
+    """(the first n tokens of --file or --corpus, with BOS; a description of the text), tokenized by a
+    vocabulary-only load of the model."""
+    import llama_cpp
+
+    from .corpora import load_corpus
+
+    if file:
+        text, desc = read_text_file(file), str(file)
+    else:
+        text, desc = load_corpus(corpus), corpus
+    tok = llama_cpp.Llama(model, n_ctx=64, vocab_only=True, verbose=False)
+    try:
+        tokens = tok.tokenize(text[: 12 * n].encode("utf-8"), add_bos=True)[:n]
+    finally:
+        tok.close()
+    if len(tokens) < n:
+        raise ValueError(f"the text {desc} has {len(tokens)} tokens, fewer than --tokens {n}: use a longer "
+                         "text or fewer tokens")
+    return tokens, desc

@@ -61,7 +61,7 @@ def _question_start(tokenize: Callable[[str, bool], List[int]], document: str, t
     return min(common_prefix(tokenize(document, True), tokens), len(tokens) - 1)
 
 
-def _first_number(text: str) -> Optional[str]:
+def first_number(text: str) -> Optional[str]:
     m = re.search(r"\d+", text)
     return m.group(0) if m else None
 
@@ -117,7 +117,7 @@ def llama_detok(tokenize, ids, sample: str) -> str:
     return sample[:lo]
 
 
-class _Stream:
+class Stream:
     """Greedy decoding of one prompt on a raw llama context, with llama.cpp's context shift when asked."""
 
     def __init__(self, llm, n_batch: int, context_shift: Optional[int]):
@@ -265,13 +265,13 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
             st = setup_for(name, info, longest, n_batch, window=window, sinks=sinks)
             llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                         n_threads=threads, verbose=False)
-            stream = _Stream(llm, n_batch, st.context_shift)
+            stream = Stream(llm, n_batch, st.context_shift)
             try:
                 for (L, d, k), p in todo:
                     t0 = time.perf_counter()
                     out = stream.greedy(p.tokens, n_new, p.question_start if st.top_k_question else None)
                     text = llm.detokenize(out).decode("utf-8", errors="replace")
-                    got = _first_number(text)
+                    got = first_number(text)
                     results["trials"].append({"config": name, "length": L, "depth": d, "trial": k,
                                               "tokens": len(p.tokens), "key": p.key, "answer": text.strip(),
                                               "correct": got == p.key, "seconds": time.perf_counter() - t0})
@@ -295,34 +295,3 @@ def accuracy_table(trials: List[dict]) -> Dict[str, Dict[str, Dict[str, float]]]
         acc.setdefault(t["config"], {}).setdefault(str(t["length"]), {}).setdefault(str(t["depth"]), []).append(
             bool(t["correct"]))
     return {c: {L: {d: float(np.mean(v)) for d, v in ds.items()} for L, ds in ls.items()} for c, ls in acc.items()}
-
-
-def plot_accuracy(results: dict, path) -> None:
-    """One heatmap per configuration: accuracy by length (columns) and depth (rows)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    acc = results.get("accuracy") or accuracy_table(results.get("trials", []))
-    names = list(acc)
-    if not names:
-        return
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        lengths = sorted(acc[name], key=int)
-        depths = sorted({d for L in lengths for d in acc[name][L]}, key=float)
-        grid = np.array([[acc[name][L].get(d, np.nan) for L in lengths] for d in depths])
-        im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
-        ax.set_xticks(range(len(lengths)), [f"{int(L) // 1024}k" if int(L) >= 1024 else L for L in lengths])
-        ax.set_yticks(range(len(depths)), depths)
-        for i in range(len(depths)):
-            for j in range(len(lengths)):
-                if np.isfinite(grid[i, j]):
-                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
-        ax.set_xlabel("length (tokens)")
-        ax.set_ylabel("depth")
-        ax.set_title(f"{results.get('task', '')}: {name}")
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
