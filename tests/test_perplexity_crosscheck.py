@@ -38,7 +38,7 @@ def test_chunked_perplexity_matches_llama_perplexity(tmp_path, llama_perplexity)
     from llama_extrapolate import AttentionConfig, Llama
     from llama_extrapolate.corpora import paul_graham_essays
     from llama_extrapolate.evaluate import chunked_perplexity
-    from llama_extrapolate.models import default_model_path
+    from llama_extrapolate.default_model import default_model_path
 
     model = str(default_model_path())
     n_ctx, chunks = 256, 4

@@ -17,9 +17,9 @@ _install_log()
 
 from .config import AttentionConfig, ResolvedAttention  # noqa: E402
 from .handles import context_address, context_info  # noqa: E402
-from .model import Llama  # noqa: E402
-from .modelinfo import InvalidModelError, ModelInfo, read_model_info  # noqa: E402
-from .models import ModelNotFoundError, default_model_path  # noqa: E402
+from .llama import Llama  # noqa: E402
+from .model_info import InvalidModelError, ModelInfo, read_model_info  # noqa: E402
+from .default_model import ModelNotFoundError, default_model_path  # noqa: E402
 
 __version__ = "0.1.0"
 

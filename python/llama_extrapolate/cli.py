@@ -29,8 +29,8 @@ def _library_facts() -> dict:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from .modelinfo import read_model_info
-    from .models import default_model_path
+    from .model_info import read_model_info
+    from .default_model import default_model_path
 
     model = args.model if args.model is not None else default_model_path()
     facts = {"library": _library_facts(), "model": read_model_info(model).to_dict()}
@@ -98,9 +98,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     from . import calibrate as cal
     from .config import AttentionConfig
-    from .model import Llama
-    from .modelinfo import read_model_info
-    from .models import default_model_path
+    from .llama import Llama
+    from .model_info import read_model_info
+    from .default_model import default_model_path
     from .profile import CalibrationProfile, file_sha256
 
     model = str(args.model if args.model is not None else default_model_path())
@@ -204,10 +204,10 @@ def _attention_from_args(args: argparse.Namespace, info):
 def _cmd_run(args: argparse.Namespace) -> int:
     import time
 
-    from . import reader
-    from .model import Llama
-    from .modelinfo import read_model_info
-    from .models import default_model_path
+    from . import reader, resources
+    from .llama import Llama
+    from .model_info import read_model_info
+    from .default_model import default_model_path
 
     model = str(args.model if args.model is not None else default_model_path())
     if args.max_tokens < 1:
@@ -262,7 +262,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             top_k = f", top-k {r.top_k} from layer {r.top_k_layer} at D={r.top_k_distance}" if r.top_k else ""
             print(f"[{llm.n_tokens} tokens in the stream, window {r.window or 'off'}, sinks {r.sinks}, ceiling "
                   f"{r.ceiling or 'off'}{top_k}, cache {n_ctx} cells, {time.perf_counter() - t0:.1f} s, peak RSS "
-                  f"{reader.peak_rss_bytes() / 2**20:.0f} MiB]", file=sys.stderr)
+                  f"{resources.peak_rss_bytes() / 2**20:.0f} MiB]", file=sys.stderr)
     finally:
         llm.close()
     return 0
@@ -273,7 +273,7 @@ def _cmd_nll(args: argparse.Namespace) -> int:
 
 
     from . import evaluate, plots
-    from .models import default_model_path
+    from .default_model import default_model_path
 
     model = str(args.model if args.model is not None else default_model_path())
     if args.tokens < 2:
@@ -313,7 +313,7 @@ def _cmd_passkey(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import plots, tasks
-    from .models import default_model_path
+    from .default_model import default_model_path
 
     model = str(args.model if args.model is not None else default_model_path())
     lengths = _lengths(args.lengths, "--lengths")
@@ -362,7 +362,7 @@ def _cmd_trf(args: argparse.Namespace) -> int:
     rpes = trf.standard_rpes(args.heads, args.max_bias, args.rpe_sinks, args.rpe_window)
     model_rpes = []
     if args.model is not None:
-        from .modelinfo import read_model_info
+        from .model_info import read_model_info
 
         info = read_model_info(args.model)
         if info.position_encoding == "alibi":
@@ -378,8 +378,8 @@ def _cmd_trf(args: argparse.Namespace) -> int:
 
         from . import Llama
         from .evaluate import setup_for
-        from .modelinfo import read_model_info
-        from .models import default_model_path
+        from .model_info import read_model_info
+        from .default_model import default_model_path
 
         if args.tokens < 2:
             raise ValueError(f"--tokens {args.tokens} must be >= 2")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Tuple, Union
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .modelinfo import ModelInfo
+    from .model_info import ModelInfo
 
 DEFAULT_SINKS = 10
 # a chat turn's re-tokenized tail differs from the generated tokens by a few tokens; 256 covers it

@@ -15,6 +15,7 @@ import llama_cpp
 import numpy as np
 
 from . import interrupt
+from .resources import peak_rss_bytes, peak_rss_reset
 
 
 @dataclass
@@ -282,31 +283,6 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
     return EvalSetup(name, cfg, resolved.required_n_ctx(n_batch, stream=n_tokens))
 
 
-def peak_rss_reset() -> bool:
-    """Reset the kernel's peak-RSS mark of this process (Linux), so each configuration reports its own."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_bytes() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-    import sys
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
-
-
 def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_path, *, bucket: int = 1024,
                 n_batch: int = 512, threads: Optional[int] = None, window: Optional[int] = None,
                 sinks: Optional[int] = None, meta: Optional[dict] = None, progress: bool = True,
@@ -323,8 +299,8 @@ def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_pat
     import os
     from pathlib import Path
 
-    from .model import Llama
-    from .modelinfo import read_model_info
+    from .llama import Llama
+    from .model_info import read_model_info
 
     tokens = np.asarray(tokens, dtype=np.int32)
     info = read_model_info(model)

@@ -9,7 +9,6 @@ decodes what is new.
 
 from __future__ import annotations
 
-import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -215,12 +214,6 @@ def answer(llm, document: str, question: str, *, max_tokens: int = 256, sampling
             piece = part["choices"][0]["text"]
             if piece:
                 yield piece
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident memory of this process (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def first_tokens(model: str, file: Optional[str], corpus: str, n: int) -> tuple:

@@ -201,8 +201,8 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
     rerun with the same settings skips the trials already there."""
     from .corpora import paul_graham_essays
     from .evaluate import setup_for
-    from .model import Llama
-    from .modelinfo import read_model_info
+    from .llama import Llama
+    from .model_info import read_model_info
 
     if task not in TASKS:
         raise ValueError(f"task {task!r}: use 'passkey' or 'needle'")

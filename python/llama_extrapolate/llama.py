@@ -19,7 +19,7 @@ from . import _core
 from .config import AttentionConfig, ResolvedAttention, Temperature
 from .handles import context_address, model_address
 from .history import TokenHistory
-from .modelinfo import InvalidModelError, read_model_info
+from .model_info import InvalidModelError, read_model_info
 
 
 # what llama-cpp-python's checks see as the context length when the stream is unbounded

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from .models import ModelNotFoundError
+from .default_model import ModelNotFoundError
 
 # enum llama_rope_type in llama.h
 _ROPE_TYPES = {-1: "none", 0: "normal", 2: "neox", 8: "mrope", 24: "vision", 40: "imrope"}
