@@ -267,19 +267,19 @@ def test_long_stream_skips_hidden_cells_exactly(tiny, scope, layer):
 @pytest.mark.parametrize("top_k", [None, 2])
 def test_run_reads_the_document_then_switches_the_middle_keys_on_for_the_question(tmp_path, tiny, capsys,
                                                                                   monkeypatch, top_k):
-    from llama_extrapolate import cli, model as model_module
+    from llama_extrapolate import cli, llama as llama_module
 
     _, path, _ = tiny
     doc = tmp_path / "doc.txt"
     doc.write_text("The quick brown fox jumps over the lazy dog. " * 40)
     calls = []
-    original = model_module.Llama.set_top_k_active
+    original = llama_module.Llama.set_top_k_active
 
     def spy(self, on):
         calls.append((on, self.n_tokens))
         return original(self, on)
 
-    monkeypatch.setattr(model_module.Llama, "set_top_k_active", spy)
+    monkeypatch.setattr(llama_module.Llama, "set_top_k_active", spy)
     argv = ["run", "--model", str(path), "--file", str(doc), "--prompt", "What jumps?", "--window", "32",
             "--sinks", "4", "--max-tokens", "4", "--n-batch", "32", "--no-chat", "--quiet"]
     if top_k:
