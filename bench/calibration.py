@@ -200,7 +200,7 @@ def main(argv=None) -> int:
 
     # --- 5. overhead of the statistics ------------------------------------------------------------
     if "overhead" not in results:
-        import llama_cpp
+        from llama_extrapolate import native
 
         n = args.overhead_length
         times = {}
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
             for on in (False, True):
                 llm.set_temperature(1.0)
                 llm.reset()
-                llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+                native.clear_memory(llm.ctx)
                 t0 = time.perf_counter()
                 if on:
                     with stats.collecting(llm):
@@ -227,10 +227,9 @@ def main(argv=None) -> int:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
+    from llama_extrapolate.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     ax = axes[0]

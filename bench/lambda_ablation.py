@@ -60,10 +60,9 @@ def summarize(nll: np.ndarray) -> dict:
 
 
 def plot(results: dict, out: Path, l_pre: int) -> None:
-    import matplotlib
+    from llama_extrapolate.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, r in results["configs"].items():

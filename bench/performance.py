@@ -105,12 +105,12 @@ def attention_for(name: str, window: int, sinks: int):
 def decode_speed(llm, n: int, repeats: int = 3) -> float:
     """Greedy decode of n tokens one at a time after the current stream, rolled back afterwards; the best of
     `repeats` tries (a burst of other load on a shared machine only ever slows a try down)."""
-    import llama_cpp
+    from llama_extrapolate import native
 
     n_vocab = llm.n_vocab()
 
     def next_token() -> int:
-        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))))
+        return int(np.argmax(native.last_logits(llm.ctx, n_vocab)))
 
     start, first = llm.n_tokens, next_token()
     best = 0.0
@@ -442,10 +442,9 @@ def soak_summary(sec: dict) -> dict:
 # --- plot ----------------------------------------------------------------------------------------------------
 
 def run_plot(args) -> None:
-    import matplotlib
+    from llama_extrapolate.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     data = load_results(Path(args.out))
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4))

@@ -233,6 +233,7 @@ def main(argv=None) -> int:
         print(table(results))
         return 0
     import llama_extrapolate as le
+    from llama_extrapolate.jsonfile import write_json_atomic
 
     model = str(le.default_model_path())
     tokens = essay_tokens(model, args.tokens)
@@ -258,9 +259,7 @@ def main(argv=None) -> int:
             continue
         results["routes"][name] = summarize_route(runners[name](model, tokens, args.n_batch, args.threads, args.sinks, args.window))
         results["summary"] = summary(results)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
-        os.replace(tmp, out)
+        write_json_atomic(out, results, indent=1)
     print(table(results))
     return 0
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
@@ -35,6 +34,8 @@ import numpy as np
 
 import llama_extrapolate
 from llama_extrapolate import AttentionConfig
+from llama_extrapolate.jsonfile import write_json_atomic
+from llama_extrapolate.native import load_tokenizer
 from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
 from llama_extrapolate.default_model import default_model_path
 from llama_extrapolate.model_info import read_model_info
@@ -72,9 +73,7 @@ def load(path: Path) -> dict:
 
 
 def save(path: Path, results: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    os.replace(tmp, path)
+    write_json_atomic(path, results, indent=1)
 
 
 def machine() -> dict:
@@ -94,8 +93,7 @@ def run_passkey(args, results: dict) -> None:
     done = {(t["length"], t["depth"], t["trial"]) for t in pk["trials"]}
     lengths = [int(x) for x in args.lengths.split(",")]
 
-    import llama_cpp
-    vocab = llama_cpp.Llama(str(model), n_ctx=64, vocab_only=True, verbose=False)
+    vocab = load_tokenizer(model)
 
     def tokenize(text: str, bos: bool):
         return vocab.tokenize(text.encode("utf-8"), add_bos=bos)
@@ -164,8 +162,7 @@ def run_cost(args, results: dict) -> None:
     n_layer, n_head_kv = int(info.block_count), int(info.head_count_kv)
     head_dim = int(info.embedding_length) // int(info.head_count)
     n = args.tokens
-    import llama_cpp
-    vocab = llama_cpp.Llama(str(model), n_ctx=64, vocab_only=True, verbose=False)
+    vocab = load_tokenizer(model)
     tokens = vocab.tokenize(paul_graham_essays().encode("utf-8"), add_bos=True)[:n + 64]
     vocab.close()
     cost = results.setdefault("cost", {})
@@ -224,10 +221,9 @@ def run_cost(args, results: dict) -> None:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
+    from llama_extrapolate.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     pk = results.get("passkey", {})
     acc = pk.get("accuracy", {})

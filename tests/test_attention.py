@@ -136,7 +136,7 @@ def test_metadata_keys_reach_llama_cpp_through_kv_overrides(tiny):
         "llama.attention.lambda.top_k_layer": 1,
     })
     try:
-        got = llama_extrapolate._core.model_attention(llama_extrapolate.handles.model_address(llm))
+        got = llama_extrapolate._core.model_attention(llama_extrapolate.native.model_address(llm))
         assert got == {"n_sink": 3, "n_window": 40, "n_ceiling": 0, "n_rollback": 0, "temperature": pytest.approx(0.9),
                        "temperature_log_length": 50, "n_top_k": 2, "n_top_k_layer": 1, "n_top_k_distance": 20}
         assert llama_extrapolate._core.get_top_k(llama_extrapolate.context_address(llm)) == (2, 1, 20)

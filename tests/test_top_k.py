@@ -182,7 +182,7 @@ def test_quantized_k_cache(tmp_path):
 def test_cache_keeps_the_middle_keys_and_n_ctx_is_the_limit(tiny):
     import llama_cpp
     from llama_extrapolate import AttentionConfig
-    from llama_extrapolate.handles import context_address
+    from llama_extrapolate.native import context_address
 
     _, path, tokens = tiny
     llm = make_llm(path, AttentionConfig(**LAMBDA, top_k=3, top_k_layer=1))

@@ -16,7 +16,7 @@ from .logs import install as _install_log  # noqa: E402
 _install_log()
 
 from .config import AttentionConfig, ResolvedAttention  # noqa: E402
-from .handles import context_address, context_info  # noqa: E402
+from .native import context_address, context_info  # noqa: E402
 from .llama import Llama  # noqa: E402
 from .model_info import InvalidModelError, ModelInfo, read_model_info  # noqa: E402
 from .default_model import ModelNotFoundError, default_model_path  # noqa: E402

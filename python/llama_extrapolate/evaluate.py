@@ -14,7 +14,8 @@ from typing import Callable, List, Optional, Sequence
 import llama_cpp
 import numpy as np
 
-from . import interrupt
+from . import native
+from .jsonfile import read_json_if, write_json_atomic
 from .resources import peak_rss_bytes, peak_rss_reset
 
 
@@ -56,6 +57,14 @@ def log_softmax_at(logits: np.ndarray, targets: np.ndarray, rows_per_step: int =
     return out
 
 
+def score_chunk(ctx, tokens: np.ndarray, start: int, n: int, n_vocab: int, nll: np.ndarray) -> None:
+    """After decoding tokens[start:start+n] with every row's logits: each one's NLL of its next token into
+    ``nll`` (the last token of the stream has no next one to score)."""
+    logits = native.logits_rows(ctx, n, n_vocab)
+    targets = tokens[start + 1:start + n + 1]
+    nll[start:start + len(targets)] = log_softmax_at(logits[: len(targets)], targets)
+
+
 def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optional[int] = None,
                   progress: bool = True, desc: str = "nll", context_shift: Optional[int] = None,
                   on_chunk: Optional[Callable[[np.ndarray, int], None]] = None,
@@ -78,7 +87,7 @@ def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optio
     n_batch = llm.n_batch if n_batch is None else int(n_batch)
     if n_batch <= 0 or n_batch > llm.n_batch:
         raise ValueError(f"n_batch={n_batch} must be in 1..{llm.n_batch} (the context's n_batch)")
-    n_cells = llama_cpp.llama_n_ctx(llm.ctx)
+    n_cells = native.n_cells(llm.ctx)
     if context_shift is not None and not 0 <= context_shift < n_cells - 2 * n_batch:
         raise ValueError(f"context_shift={context_shift} (n_keep) must be in 0..{n_cells - 2 * n_batch - 1}: the cache "
                          f"of {n_cells} cells must hold n_keep plus two chunks of {n_batch}")
@@ -88,17 +97,16 @@ def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optio
     if refusal:
         raise ValueError(f"checkpoint with {refusal}; score this configuration without checkpoints")
 
-    llm.reset()
-    mem = llama_cpp.llama_get_memory(llm.ctx)
-    llama_cpp.llama_memory_clear(mem, True)
-    batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+    stream = native.Stream(llm, n_batch, context_shift)
+    stream.reset()
     nll = np.full(len(tokens) - 1, np.nan, dtype=np.float64)
-    n_past, first, spent = 0, 0, 0.0
+    first, spent = 0, 0.0
     resumed = checkpoint.load(llm.ctx, len(tokens)) if checkpoint is not None else None
     if resumed is not None:
         if resumed.done % n_batch and resumed.done != len(tokens):
+            stream.close()
             raise ValueError(f"checkpoint at token {resumed.done} is not at a chunk of n_batch={n_batch}")
-        nll, n_past, first, spent = resumed.nll, resumed.n_past, resumed.done, resumed.seconds
+        nll, stream.n_past, first, spent = resumed.nll, resumed.n_past, resumed.done, resumed.seconds
     bar = None
     if progress:
         from tqdm import tqdm
@@ -106,40 +114,17 @@ def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optio
         bar = tqdm(total=len(tokens), initial=first, desc=desc, unit="tok")
     t0 = time.perf_counter() - spent
     try:
-        for start in range(first, len(tokens), n_batch):
-            interrupt.check()
-            chunk = tokens[start:start + n_batch]
-            n = len(chunk)
-            if context_shift is not None and n_past + n > n_cells:
-                n_keep = context_shift
-                n_discard = (n_past - n_keep) // 2
-                llama_cpp.llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard)
-                llama_cpp.llama_memory_seq_add(mem, 0, n_keep + n_discard, n_past, -n_discard)
-                n_past -= n_discard
-            batch.n_tokens = n
-            for i in range(n):
-                batch.token[i] = int(chunk[i])
-                batch.pos[i] = n_past + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = True
-            rc = llama_cpp.llama_decode(llm.ctx, batch)
-            if rc != 0:
-                raise RuntimeError(f"llama_decode returned {rc} at token {start} (the KV cache of {n_cells} cells is "
-                                   "full or the decode was aborted): raise n_ctx, use a Lambda window or a context "
-                                   "shift")
-            n_past += n
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(n, n_vocab))
-            targets = tokens[start + 1:start + n + 1]
-            nll[start:start + len(targets)] = log_softmax_at(logits[: len(targets)], targets)
+        for offset, n in stream.chunks(tokens[first:], logits="all"):
+            start = first + offset
+            score_chunk(llm.ctx, tokens, start, n, n_vocab, nll)
             if bar is not None:
                 bar.update(n)
             if on_chunk is not None:
                 on_chunk(nll, start + n)
             if checkpoint is not None and start + n < len(tokens) and checkpoint.due():
-                checkpoint.save(llm.ctx, start + n, n_past, nll, time.perf_counter() - t0)
+                checkpoint.save(llm.ctx, start + n, stream.n_past, nll, time.perf_counter() - t0)
     finally:
-        llama_cpp.llama_batch_free(batch)
+        stream.close()
         if bar is not None:
             bar.close()
     return NLLResult(nll=nll, seconds=time.perf_counter() - t0, resumed_from=first)
@@ -166,15 +151,14 @@ def chunked_perplexity(llm: llama_cpp.Llama, tokens: Sequence[int], n_ctx: int, 
     tokens = np.asarray(tokens, dtype=np.int32)
     if n_ctx < 4:
         raise ValueError(f"n_ctx={n_ctx}: a chunk needs at least 4 tokens")
-    if n_ctx > llama_cpp.llama_n_ctx(llm.ctx):
-        raise ValueError(f"n_ctx={n_ctx} is larger than the context's {llama_cpp.llama_n_ctx(llm.ctx)} cells")
+    if n_ctx > native.n_cells(llm.ctx):
+        raise ValueError(f"n_ctx={n_ctx} is larger than the context's {native.n_cells(llm.ctx)} cells")
     if len(tokens) < 2 * n_ctx:
         raise ValueError(f"{len(tokens)} tokens: llama-perplexity needs at least 2 * n_ctx = {2 * n_ctx}")
     total = len(tokens) // n_ctx if n_chunks is None else min(int(n_chunks), len(tokens) // n_ctx)
     if total < 1:
         raise ValueError(f"n_chunks={n_chunks} must be >= 1")
-    vocab = llama_cpp.llama_model_get_vocab(llm.model)
-    bos = llama_cpp.llama_vocab_bos(vocab) if llama_cpp.llama_vocab_get_add_bos(vocab) else None
+    bos = native.bos_if_added(llm)
     first = n_ctx // 2
     nll_sum = nll2_sum = 0.0
     count = 0
@@ -295,8 +279,6 @@ def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_pat
     ``checkpoint_every`` seconds, removed when the configuration completes; None: no checkpoints).
     """
     import hashlib
-    import json
-    import os
     from pathlib import Path
 
     from .llama import Llama
@@ -306,22 +288,14 @@ def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_pat
     info = read_model_info(model)
     out_path = Path(out_path)
     digest = hashlib.sha256(tokens.tobytes()).hexdigest()
-    results = {}
-    if out_path.exists():
-        try:
-            old = json.loads(out_path.read_text())
-        except json.JSONDecodeError:
-            old = {}
-        if old.get("tokens_sha256") == digest and old.get("model") == Path(model).name and old.get("bucket") == bucket:
-            results = old
+    results = read_json_if(out_path, lambda old: (old.get("tokens_sha256"), old.get("model"), old.get("bucket"))
+                           == (digest, Path(model).name, bucket))
     results.update({"model": Path(model).name, "tokens": int(len(tokens)), "tokens_sha256": digest,
                     "bucket": bucket, "n_batch": n_batch, "threads": threads, **(meta or {})})
     results.setdefault("configs", {})
 
     def save() -> None:
-        tmp = out_path.with_suffix(out_path.suffix + ".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
-        os.replace(tmp, out_path)
+        write_json_atomic(out_path, results, indent=1)
 
     setups = [setup_for(n, info, len(tokens), n_batch, window=window, sinks=sinks) for n in names]
     for st in setups:

@@ -15,9 +15,9 @@ from typing import Any, Optional
 import llama_cpp
 import numpy as np
 
-from . import _core
+from . import native
 from .config import AttentionConfig, ResolvedAttention, Temperature
-from .handles import context_address, model_address
+from .native import context_address
 from .history import TokenHistory
 from .model_info import InvalidModelError, read_model_info
 
@@ -78,7 +78,7 @@ class Llama(llama_cpp.Llama):
             self._unbounded_stream = False
             return
 
-        loaded = _core.model_attention(model_address(self))
+        loaded = native.model_attention(self)
         expected = self.attention_resolved
         if (loaded["n_sink"], loaded["n_window"], loaded["n_ceiling"], loaded["n_rollback"],
                 loaded["temperature_log_length"], loaded["n_top_k"]) != (
@@ -138,11 +138,9 @@ class Llama(llama_cpp.Llama):
 
     def _apply_temperature(self, r: ResolvedAttention) -> None:
         ctx = self._attention_context("set_temperature")
-        _core.set_temperature(ctx, np.ascontiguousarray(r.temperature, dtype=np.float32).ravel(), int(r.log_length))
-        _core.set_temperature_points(ctx, np.asarray(r.points_lengths, dtype=np.uint32),
-                                     np.ascontiguousarray(r.points_tau, dtype=np.float32).ravel())
-        got, got_log_length = _core.get_temperature(ctx)
-        got_lengths, got_points = _core.get_temperature_points(ctx)
+        native.set_temperature(ctx, r.temperature, r.log_length, r.points_lengths, r.points_tau)
+        got, got_log_length = native.get_temperature(ctx)
+        got_lengths, got_points = native.get_temperature_points(ctx)
         if (not np.array_equal(got, r.temperature) or got_log_length != r.log_length
                 or tuple(int(x) for x in got_lengths) != r.points_lengths
                 or not np.array_equal(got_points, r.points_tau)):
@@ -163,7 +161,7 @@ class Llama(llama_cpp.Llama):
         if r.top_k == 0:
             raise ValueError("set_top_k_active: this model was loaded without top-k middle keys; use "
                              "AttentionConfig(top_k=5, ...) so that the cache keeps them")
-        _core.set_top_k(self._attention_context("set_top_k_active"), r.top_k if on else 0, r.top_k_layer,
+        native.set_top_k(self._attention_context("set_top_k_active"), r.top_k if on else 0, r.top_k_layer,
                         r.top_k_distance)
 
     def set_top_k(self, k: int, layer: Optional[int] = None, distance: Optional[int] = None) -> None:
@@ -178,21 +176,21 @@ class Llama(llama_cpp.Llama):
             raise ValueError("set_top_k: this model was loaded without top-k middle keys; use "
                              "AttentionConfig(top_k=5, ...) so that the cache keeps them")
         if k == 0:
-            _core.set_top_k(self._attention_context("set_top_k"), 0, 0, 0)
+            native.set_top_k(self._attention_context("set_top_k"), 0, 0, 0)
             return
         config = replace(self.attention, top_k=k, top_k_layer=layer, top_k_distance=distance)
         resolved = config.resolve(self.model_info)
-        _core.set_top_k(self._attention_context("set_top_k"), resolved.top_k, resolved.top_k_layer,
+        native.set_top_k(self._attention_context("set_top_k"), resolved.top_k, resolved.top_k_layer,
                         resolved.top_k_distance)
 
     @property
     def top_k_state(self) -> tuple:
         """(k, layer, distance) the library applies now (k = 0: off)."""
-        return tuple(int(x) for x in _core.get_top_k(self._attention_context("top_k_state")))
+        return native.get_top_k(self._attention_context("top_k_state"))
 
     def get_temperature(self) -> tuple:
         """(tau[n_layer, n_head], log_length) as the library holds them."""
-        return _core.get_temperature(self._attention_context("get_temperature"))
+        return native.get_temperature(self._attention_context("get_temperature"))
 
     def close(self) -> None:
         # a constructor that raised before llama_cpp.Llama.__init__ left nothing to close
@@ -212,8 +210,7 @@ class Llama(llama_cpp.Llama):
         margin = self.attention_resolved.rollback
 
         def kv_cache_seq_rm(seq_id: int, p0: int, p1: int) -> bool:
-            mem = llama_cpp.llama_get_memory(self.ctx)
-            pos_max = llama_cpp.llama_memory_seq_pos_max(mem, max(seq_id, 0))
+            pos_max = native.seq_pos_max(self.ctx, seq_id)
             if p1 < 0 and 0 < p0 <= pos_max and p0 < pos_max + 1 - margin:
                 return False
             return remove(seq_id, p0, p1)

@@ -8,7 +8,6 @@ checked, with errors that name the file.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,27 +58,15 @@ def _field_value(field) -> Any:
 
 def _rope_type_from_library(path: Path) -> int:
     """Ask the patched llama.cpp (vocab-only load) for the RoPE type of the architecture."""
-    import llama_cpp  # loaded on the patched library by the package import
+    from .native import rope_type  # loaded on the patched library by the package import
 
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    # llama.cpp's loader logs every metadata key at INFO; keep errors only, as Llama(verbose=False) does
-    log = logging.getLogger("llama-cpp-python")
-    level = log.level
-    log.setLevel(max(level, logging.ERROR))
-    try:
-        model = llama_cpp.llama_model_load_from_file(os.fsencode(path), params)
-    finally:
-        log.setLevel(level)
-    if not model:
+    rope = rope_type(path)
+    if rope is None:
         raise InvalidModelError(
             f"{path}: llama.cpp could not load this model (unsupported architecture or corrupt "
             "tensors); see the log above"
         )
-    try:
-        return int(llama_cpp.llama_model_rope_type(model))
-    finally:
-        llama_cpp.llama_model_free(model)
+    return rope
 
 
 def read_model_info(path: Union[str, os.PathLike]) -> ModelInfo:

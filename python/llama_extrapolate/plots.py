@@ -1,7 +1,8 @@
-"""The package's figures (PNG), in one place: the NLL curves, the retrieval heatmaps and the receptive fields.
+"""Every figure the package draws, in one module.
 
-matplotlib is imported on the first plot and switched to the Agg backend, so reading, scoring and calibrating
-never pay for it and no display is needed.
+matplotlib is an optional, slow import that the scoring code never needs: keeping the drawing here means a
+run without plots never imports it, and the backend choice (Agg: files only, no display on a server) is made
+once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from .tasks import accuracy_table
 from .trf import RPE, trf
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (figures go to files; there may be no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,7 +29,8 @@ def _pyplot():
 
 def plot_nll(results: dict, path, title: Optional[str] = None) -> None:
     """One NLL-by-position curve per configuration (like LM-Infinite's Figures 3 and 5)."""
-    plt = _pyplot()
+    plt = pyplot()
+
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for name, entry in results.get("configs", {}).items():
         b = entry.get("buckets") or []
@@ -49,7 +52,8 @@ def plot_nll(results: dict, path, title: Optional[str] = None) -> None:
 
 def plot_accuracy(results: dict, path) -> None:
     """One heatmap per configuration: accuracy by length (columns) and depth (rows)."""
-    plt = _pyplot()
+    plt = pyplot()
+
     acc = results.get("accuracy") or accuracy_table(results.get("trials", []))
     names = list(acc)
     if not names:
@@ -77,7 +81,8 @@ def plot_accuracy(results: dict, path) -> None:
 def plot_trf(rpes: Sequence[RPE], path, eps_range=(1e-4, 0.3), n_points: int = 40) -> None:
     """The paper's Figure 6 (TRF against eps, each curve divided by its largest value) and Figure 7 (exp(RPE)
     heatmaps, b_{i-j} for key j <= query i) in one PNG."""
-    plt = _pyplot()
+    plt = pyplot()
+
     eps = np.geomspace(eps_range[0], eps_range[1], n_points)
     n = len(rpes)
     cols = min(n, 6)
@@ -117,7 +122,8 @@ def plot_trf(rpes: Sequence[RPE], path, eps_range=(1e-4, 0.3), n_points: int = 4
 
 def plot_erf(results: Dict[str, dict], path, eps: float = 0.1) -> None:
     """ERF(eps) by layer (bracket as an error bar) and the cumulative attention mass by distance, per run."""
-    plt = _pyplot()
+    plt = pyplot()
+
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for name, r in results.items():
         bl = np.asarray(r["bin_lower"], dtype=np.float64)

@@ -13,9 +13,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional, Union
+from typing import Iterator, List, Optional, Tuple, Union
 
-from . import interrupt
+from .native import eval_chunks
 
 
 @dataclass
@@ -44,6 +44,27 @@ def read_text_file(path: Union[str, Path]) -> str:
     if not text.strip():
         raise ValueError(f"{path} is empty: give a document to read")
     return text
+
+
+def first_tokens(model: str, file: Optional[str], corpus: str, n: int) -> Tuple[List[int], str]:
+    """(the first n tokens of ``file``, else of the named corpus, with BOS; a description of the text),
+    tokenized by a vocabulary-only load of the model."""
+    from .corpora import load_corpus
+    from .native import load_tokenizer
+
+    if file:
+        text, desc = read_text_file(file), str(file)
+    else:
+        text, desc = load_corpus(corpus), corpus
+    tok = load_tokenizer(model)
+    try:
+        tokens = tok.tokenize(text[: 12 * n].encode("utf-8"), add_bos=True)[:n]
+    finally:
+        tok.close()
+    if len(tokens) < n:
+        raise ValueError(f"the text {desc} has {len(tokens)} tokens, fewer than --tokens {n}: use a longer "
+                         "text or fewer tokens")
+    return tokens, desc
 
 
 def chat_prompt_tokens(llm, messages: List[dict]) -> Optional[List[int]]:
@@ -81,12 +102,9 @@ def read_tokens(llm, tokens: List[int], *, progress: bool = True, desc: str = "r
         bar = tqdm(total=len(body), desc=desc, unit="tok", file=sys.stderr)
     t0 = time.perf_counter()
     try:
-        for s in range(0, len(body), llm.n_batch):
-            interrupt.check()
-            chunk = body[s:s + llm.n_batch]
-            llm.eval(chunk)
+        for n in eval_chunks(llm, body):
             if bar is not None:
-                bar.update(len(chunk))
+                bar.update(n)
     finally:
         if bar is not None:
             bar.close()
@@ -111,9 +129,7 @@ def load_document_state(llm, path: Path, tokens: List[int]) -> bool:
     holds another document or settings (the caller reads again)."""
     import json
 
-    import llama_cpp
-
-    from .checkpoint import read_state_file
+    from .native import clear_memory, read_state_file
 
     meta_path = path.with_name(path.name + ".json")
     if not (path.is_file() and meta_path.is_file()):
@@ -127,7 +143,7 @@ def load_document_state(llm, path: Path, tokens: List[int]) -> bool:
     llm.reset()
     if read_state_file(llm.ctx, path, len(tokens)) != list(tokens):
         llm.reset()
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+        clear_memory(llm.ctx)
         return False
     llm.input_ids[0:len(tokens)] = tokens
     llm.n_tokens = len(tokens)
@@ -138,7 +154,7 @@ def save_document_state(llm, path: Path) -> None:
     """The stream as read so far (the library's state file, with its token ids) and what it is valid for."""
     import json
 
-    from .checkpoint import write_state_file
+    from .native import write_state_file
 
     n = llm.n_tokens
     ids = llm.input_ids[0:n]
@@ -203,36 +219,16 @@ def answer(llm, document: str, question: str, *, max_tokens: int = 256, sampling
     else:
         read_tokens(llm, tokens, progress=progress)
     if chat and llm.metadata.get("tokenizer.chat_template"):
-        stream = llm.create_chat_completion(messages=messages, max_tokens=max_tokens, temperature=sampling_temperature,
+        stream = llm.create_chat_completion(messages=messages, max_tokens=max_tokens,
+                                            temperature=sampling_temperature,
                                             stream=True)
         for part in stream:
             piece = part["choices"][0]["delta"].get("content")
             if piece:
                 yield piece
     else:
-        for part in llm.create_completion(tokens, max_tokens=max_tokens, temperature=sampling_temperature, stream=True):
+        for part in llm.create_completion(tokens, max_tokens=max_tokens, temperature=sampling_temperature,
+                                         stream=True):
             piece = part["choices"][0]["text"]
             if piece:
                 yield piece
-
-
-def first_tokens(model: str, file: Optional[str], corpus: str, n: int) -> tuple:
-    """(the first n tokens of --file or --corpus, with BOS; a description of the text), tokenized by a
-    vocabulary-only load of the model."""
-    import llama_cpp
-
-    from .corpora import load_corpus
-
-    if file:
-        text, desc = read_text_file(file), str(file)
-    else:
-        text, desc = load_corpus(corpus), corpus
-    tok = llama_cpp.Llama(model, n_ctx=64, vocab_only=True, verbose=False)
-    try:
-        tokens = tok.tokenize(text[: 12 * n].encode("utf-8"), add_bos=True)[:n]
-    finally:
-        tok.close()
-    if len(tokens) < n:
-        raise ValueError(f"the text {desc} has {len(tokens)} tokens, fewer than --tokens {n}: use a longer "
-                         "text or fewer tokens")
-    return tokens, desc

@@ -17,15 +17,14 @@ from typing import Dict, Iterator, Optional
 
 import numpy as np
 
-from . import _core
-from .handles import context_address
+from . import native
 
 FIELDS = ("count", "pmax", "entropy", "n_keys", "logit_mean", "logit_var")
 
 
 def bin_lower() -> np.ndarray:
     """Smallest query-key distance of each distance bin (0..3 exactly, then four bins per octave)."""
-    return np.asarray(_core.stats_bin_lower(), dtype=np.int64)
+    return native.stats_bin_lower()
 
 
 @dataclass
@@ -43,7 +42,7 @@ class AttentionStats:
 
     @classmethod
     def read(cls, llm) -> "AttentionStats":
-        raw = _core.stats_read(context_address(llm))
+        raw = native.stats_read(llm)
         return cls(**{k: np.array(raw[k]) for k in FIELDS}, mass=np.array(raw["mass"]), bin_lower=bin_lower())
 
     def __sub__(self, other: "AttentionStats") -> "AttentionStats":
@@ -105,7 +104,7 @@ class AttentionStats:
 def enable(llm, on: bool = True) -> None:
     """Collect attention statistics while ``llm`` decodes (the graph gains one reduction per layer)."""
     try:
-        _core.stats_enable(context_address(llm), bool(on))
+        native.stats_enable(llm, on)
     except ValueError as e:
         raise ValueError(
             f"attention statistics cannot be collected on this context ({e}): they need flash_attn=False, "
@@ -114,11 +113,11 @@ def enable(llm, on: bool = True) -> None:
 
 
 def reset(llm) -> None:
-    _core.stats_reset(context_address(llm))
+    native.stats_reset(llm)
 
 
 def enabled(llm) -> bool:
-    return bool(_core.stats_enabled(context_address(llm)))
+    return native.stats_enabled(llm)
 
 
 @contextlib.contextmanager

@@ -9,18 +9,17 @@ is the hidden one. Every configuration reads the same prompts (same seed).
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-import llama_cpp
 import numpy as np
 
-from . import interrupt
+from . import native
+from .jsonfile import read_json_if, write_json_atomic
+from .native import load_tokenizer
 
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                  "I will quiz you about the important information there.")
@@ -117,53 +116,8 @@ def llama_detok(tokenize, ids, sample: str) -> str:
     return sample[:lo]
 
 
-class Stream:
+class Stream(native.Stream):
     """Greedy decoding of one prompt on a raw llama context, with llama.cpp's context shift when asked."""
-
-    def __init__(self, llm, n_batch: int, context_shift: Optional[int]):
-        self.llm, self.n_batch, self.context_shift = llm, n_batch, context_shift
-        self.ctx = llm.ctx
-        self.mem = llama_cpp.llama_get_memory(self.ctx)
-        self.cells = llama_cpp.llama_n_ctx(self.ctx)
-        self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self.n_past = 0
-
-    def close(self) -> None:
-        llama_cpp.llama_batch_free(self.batch)
-
-    def reset(self) -> None:
-        self.llm.reset()
-        llama_cpp.llama_memory_clear(self.mem, True)
-        self.n_past = 0
-
-    def feed(self, tokens: Sequence[int]) -> np.ndarray:
-        """Decode ``tokens``; the logits of the last one."""
-        for s in range(0, len(tokens), self.n_batch):
-            interrupt.check()
-            chunk = tokens[s:s + self.n_batch]
-            n = len(chunk)
-            if self.context_shift is not None and self.n_past + n > self.cells:
-                keep = self.context_shift
-                discard = (self.n_past - keep) // 2
-                llama_cpp.llama_memory_seq_rm(self.mem, 0, keep, keep + discard)
-                llama_cpp.llama_memory_seq_add(self.mem, 0, keep + discard, self.n_past, -discard)
-                self.n_past -= discard
-            b = self.batch
-            b.n_tokens = n
-            for i, t in enumerate(chunk):
-                b.token[i], b.pos[i], b.n_seq_id[i] = int(t), self.n_past + i, 1
-                b.seq_id[i][0] = 0
-                b.logits[i] = i == n - 1
-            rc = llama_cpp.llama_decode(self.ctx, b)
-            if rc != 0:
-                raise RuntimeError(f"llama_decode returned {rc}: the cache of {self.cells} cells is full")
-            self.n_past += n
-        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.llm.n_vocab(),))
-
-    def rollback(self, n_past: int) -> None:
-        """Forget every token from position n_past on (a cache that keeps them all: vanilla or top-k)."""
-        llama_cpp.llama_memory_seq_rm(self.mem, 0, n_past, -1)
-        self.n_past = n_past
 
     def greedy(self, prompt: Sequence[int], n_new: int, question_start: Optional[int] = None) -> List[int]:
         """Greedy answer; with ``question_start`` the top-k middle keys are switched on there (top_k_scope
@@ -217,25 +171,16 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
     info = read_model_info(model)
     out_path = Path(out_path)
     settings = {"task": task, "seed": seed, "model": Path(model).name, "n_new": n_new}
-    results = {}
-    if out_path.exists():
-        try:
-            old = json.loads(out_path.read_text())
-            if all(old.get(k) == v for k, v in settings.items()):
-                results = old
-        except json.JSONDecodeError:
-            pass
+    results = read_json_if(out_path, lambda old: all(old.get(k) == v for k, v in settings.items()))
     results.update(settings)
     results.setdefault("trials", [])
     done = {(t["config"], t["length"], t["depth"], t["trial"]) for t in results["trials"]}
 
     def save() -> None:
         results["accuracy"] = accuracy_table(results["trials"])
-        tmp = out_path.with_suffix(out_path.suffix + ".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
-        os.replace(tmp, out_path)
+        write_json_atomic(out_path, results, indent=1)
 
-    vocab = llama_cpp.Llama(model, n_ctx=64, vocab_only=True, verbose=False)
+    vocab = load_tokenizer(model)
     haystack = paul_graham_essays() if task == "needle" else ""
 
     def tokenize(text: str, bos: bool) -> List[int]:

@@ -379,19 +379,16 @@ def measure_erf(llm, tokens: Sequence[int], eps: Sequence[float], n_batch: int =
     """Read tokens once with statistics on and return the mass by distance and the ERF per layer."""
     from tqdm.auto import tqdm
 
-    from . import stats
+    from . import native, stats
 
     tokens = [int(t) for t in tokens]
     if len(tokens) < 2:
         raise ValueError(f"tokens: {len(tokens)} given, the ERF needs at least 2")
     llm.reset()
-    import llama_cpp
-
-    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+    native.clear_memory(llm.ctx)
     with stats.collecting(llm), tqdm(total=len(tokens), desc=desc, unit="tok", leave=False) as bar:
-        for s in range(0, len(tokens), n_batch):
-            llm.eval(tokens[s:s + n_batch])
-            bar.update(min(n_batch, len(tokens) - s))
+        for n in native.eval_chunks(llm, tokens, n_batch):
+            bar.update(n)
     st = stats.AttentionStats.read(llm)
     by_layer = np.stack([st.mass_by_distance(layer=i) for i in range(st.count.shape[0])])
     return {"tokens": len(tokens), "bin_lower": st.bin_lower.tolist(), "mass_by_layer": by_layer.tolist(),

@@ -1,0 +1,353 @@
+"""Every call across the C boundary, in one place.
+
+Two routes reach the patched libllama: llama-cpp-python's ctypes bindings
+(``llama_cpp.llama_*``) and our pybind11 module ``_core``. Both work on raw
+pointers, where a wrong length or a freed batch crashes the process instead of
+raising; keeping the calls here means the pointer handling, the decode loop and
+the context shift are written (and reviewed) once, and the rest of the package
+speaks numpy and Python ints. ``_library`` (loading the library) and ``logs``
+(the log callback) are the only other modules that touch the C side.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import llama_cpp
+import numpy as np
+
+from . import interrupt
+from ._library import load as _load
+
+_core = _load()
+
+
+# --- handles ------------------------------------------------------------------------------------
+def context_address(obj: Any) -> int:
+    """Address of the ``llama_context`` behind a ``llama_cpp.Llama`` (or its internal context).
+
+    ``_core`` works on raw pointers so that it needs nothing of llama-cpp-python's classes; this
+    extracts the pointer from whatever the user holds and refuses what is not a live context.
+    """
+    if obj is None:
+        raise TypeError("expected a llama_cpp.Llama, its context, or a context address; got None")
+    ctx = obj
+    if hasattr(ctx, "_ctx"):  # llama_cpp.Llama
+        ctx = ctx._ctx
+    if hasattr(ctx, "ctx"):  # llama_cpp._internals.LlamaContext
+        ctx = ctx.ctx
+    if isinstance(ctx, ctypes.c_void_p):
+        ctx = ctx.value
+    if ctx is None:
+        raise ValueError(f"{obj!r} has no live llama_context (was it closed?)")
+    if not isinstance(ctx, int) or isinstance(ctx, bool):
+        raise TypeError(
+            f"expected a llama_cpp.Llama, its context, or a context address; got {type(obj).__name__}"
+        )
+    if ctx <= 0:
+        raise ValueError(f"context address {ctx} is not a valid pointer")
+    return ctx
+
+
+def context_info(obj: Any) -> dict:
+    """Facts of a live context, read by the patched library itself."""
+    return _core.context_info(context_address(obj))
+
+
+def model_address(obj: Any) -> int:
+    """Address of the ``llama_model`` behind a ``llama_cpp.Llama`` (or a raw pointer)."""
+    ptr = obj.model if hasattr(obj, "model") and not isinstance(obj, (int, ctypes.c_void_p)) else obj
+    if isinstance(ptr, ctypes.c_void_p):
+        ptr = ptr.value
+    if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr <= 0:
+        raise ValueError(f"{obj!r} has no loaded llama_model")
+    return ptr
+
+
+def library_facts() -> dict:
+    """What the loaded library says it is (``llama-extrapolate info``): a bug report needs all of it."""
+    return {
+        "library": _core.library_path(),
+        "llama_extrapolate": _core.version(),
+        "llama_cpp_python": llama_cpp.__version__,
+        "llama_cpp_commit": _core.upstream_commit(),
+        "api_version": _core.api_version(),
+        "patches": _core.patches(),
+        "features": _core.features(),
+    }
+
+
+# --- the model file -----------------------------------------------------------------------------
+def rope_type(path: Path) -> Optional[int]:
+    """The RoPE type llama.cpp assigns the architecture of ``path`` (a vocab-only load: no tensors read);
+    None when llama.cpp cannot load the file (the caller names the model and the fix)."""
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    # llama.cpp's loader logs every metadata key at INFO; keep errors only, as Llama(verbose=False) does
+    log = logging.getLogger("llama-cpp-python")
+    level = log.level
+    log.setLevel(max(level, logging.ERROR))
+    try:
+        model = llama_cpp.llama_model_load_from_file(os.fsencode(path), params)
+    finally:
+        log.setLevel(level)
+    if not model:
+        return None
+    try:
+        return int(llama_cpp.llama_model_rope_type(model))
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def bos_if_added(llm: Any) -> Optional[int]:
+    """The BOS id when the vocabulary prepends one to a text, else None (llama-perplexity's chunk rule)."""
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    return llama_cpp.llama_vocab_bos(vocab) if llama_cpp.llama_vocab_get_add_bos(vocab) else None
+
+
+def load_tokenizer(model_path: Union[str, Path]):
+    """A vocabulary-only load of the model (no layers, no cache): tokenizing a long text before choosing the
+    cache size costs milliseconds, not a model load. The caller closes it."""
+    return llama_cpp.Llama(str(model_path), n_ctx=64, vocab_only=True, verbose=False)
+
+
+# --- attention settings (the patched C API) --------------------------------------------------------
+def model_attention(llm: Any) -> dict:
+    """The attention settings the library loaded the model with (to check that the overrides arrived)."""
+    return _core.model_attention(model_address(llm))
+
+
+def set_temperature(ctx: int, temperature: np.ndarray, log_length: int, points_lengths: Sequence[int],
+                    points_tau: np.ndarray) -> None:
+    """Hand the library the temperature table, its log-length and its length points, as the C API wants them."""
+    _core.set_temperature(ctx, np.ascontiguousarray(temperature, dtype=np.float32).ravel(), int(log_length))
+    _core.set_temperature_points(ctx, np.asarray(points_lengths, dtype=np.uint32),
+                                 np.ascontiguousarray(points_tau, dtype=np.float32).ravel())
+
+
+def get_temperature(ctx: int) -> Tuple[np.ndarray, int]:
+    """(tau[n_layer, n_head], log_length) as the library holds them."""
+    return _core.get_temperature(ctx)
+
+
+def get_temperature_points(ctx: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(lengths, tau per length) as the library holds them."""
+    return _core.get_temperature_points(ctx)
+
+
+def set_top_k(ctx: int, k: int, layer: int, distance: int) -> None:
+    _core.set_top_k(ctx, int(k), int(layer), int(distance))
+
+
+def get_top_k(ctx: int) -> Tuple[int, int, int]:
+    """(k, layer, distance) the library applies now (k = 0: off)."""
+    return tuple(int(x) for x in _core.get_top_k(ctx))
+
+
+# --- attention statistics (patch 0009) -----------------------------------------------------------
+def stats_bin_lower() -> np.ndarray:
+    """Smallest query-key distance of each distance bin."""
+    return np.asarray(_core.stats_bin_lower(), dtype=np.int64)
+
+
+def stats_read(llm: Any) -> Dict[str, Any]:
+    return _core.stats_read(context_address(llm))
+
+
+def stats_enable(llm: Any, on: bool) -> None:
+    """Raises ValueError (the library's reason) on a context that cannot collect statistics."""
+    _core.stats_enable(context_address(llm), bool(on))
+
+
+def stats_reset(llm: Any) -> None:
+    _core.stats_reset(context_address(llm))
+
+
+def stats_enabled(llm: Any) -> bool:
+    return bool(_core.stats_enabled(context_address(llm)))
+
+
+# --- the KV cache -------------------------------------------------------------------------------
+def n_cells(ctx) -> int:
+    """Cells of the context's KV cache (its n_ctx)."""
+    return int(llama_cpp.llama_n_ctx(ctx))
+
+
+def clear_memory(ctx) -> None:
+    """Empty the KV cache, data included (``llm.reset()`` only forgets the ids)."""
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+
+
+def seq_pos_max(ctx, seq_id: int = 0) -> int:
+    """Largest position sequence ``seq_id`` holds in the cache (-1 when empty)."""
+    return int(llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(ctx), max(seq_id, 0)))
+
+
+def forget_from(ctx, pos: int) -> None:
+    """Remove every cached key from position ``pos`` on (sequence 0)."""
+    llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, pos, -1)
+
+
+def context_shift(ctx, n_past: int, n_keep: int) -> int:
+    """llama.cpp's context shift (llama-cli's, the StreamingLLM-like baseline): drop the older half of the
+    tokens after the first ``n_keep`` and move the rest back (keys re-rotated); the new n_past."""
+    mem = llama_cpp.llama_get_memory(ctx)
+    n_discard = (n_past - n_keep) // 2
+    llama_cpp.llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard)
+    llama_cpp.llama_memory_seq_add(mem, 0, n_keep + n_discard, n_past, -n_discard)
+    return n_past - n_discard
+
+
+# --- state files --------------------------------------------------------------------------------
+def write_state_file(ctx, path: Path, tokens: Sequence[int] = ()) -> None:
+    """llama.cpp's state file of ``ctx`` with ``tokens`` stored beside it (written tensor by tensor, so the
+    state never sits in Python memory)."""
+    ids = (llama_cpp.llama_token * max(len(tokens), 1))(*[int(t) for t in tokens])
+    if not llama_cpp.llama_state_save_file(ctx, str(path).encode(), ids, len(tokens)):
+        raise RuntimeError(f"llama.cpp could not write the state to {path} (disk full? a top-k configuration, "
+                           "whose state is refused?)")
+
+
+def read_state_file(ctx, path: Path, max_tokens: int) -> Optional[List[int]]:
+    """Load a state file into ``ctx``; the token ids stored with it, or None when llama.cpp refused the file
+    (another model or context size, or more than ``max_tokens`` ids)."""
+    ids = (llama_cpp.llama_token * max(max_tokens, 1))()
+    count = ctypes.c_size_t(0)
+    if not llama_cpp.llama_state_load_file(ctx, str(path).encode(), ids, max_tokens, ctypes.byref(count)):
+        return None
+    return list(ids[: count.value])
+
+
+# --- decoding -----------------------------------------------------------------------------------
+class Batch:
+    """A ``llama_batch`` of up to ``capacity`` tokens of sequence 0, freed on close (or ``with``).
+
+    llama-cpp-python's own batch helper wants the Llama object's state; the scoring loops drive a raw
+    context and need to choose which rows return logits.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"batch capacity {capacity} must be >= 1")
+        self.capacity = int(capacity)
+        self._batch = llama_cpp.llama_batch_init(self.capacity, 0, 1)
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+
+    def __enter__(self) -> "Batch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def fill(self, tokens: Sequence[int], start_pos: int, logits: str = "all") -> None:
+        """Tokens at positions start_pos.. ; ``logits`` "all" or "last": which rows llama.cpp computes."""
+        if logits not in ("all", "last"):
+            raise ValueError(f"logits={logits!r}: use 'all' or 'last'")
+        n = len(tokens)
+        if not 0 < n <= self.capacity:
+            raise ValueError(f"{n} tokens do not fit a batch of {self.capacity}")
+        b = self._batch
+        b.n_tokens = n
+        for i in range(n):
+            b.token[i] = int(tokens[i])
+            b.pos[i] = start_pos + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = logits == "all" or i == n - 1
+
+
+def decode(ctx, batch: Batch, tokens: Sequence[int], start_pos: int, *, logits: str = "all") -> int:
+    """Decode ``tokens`` at positions start_pos..; llama_decode's return code (0: done; 1: no cache cell
+    free; 2: aborted), left to the caller, who knows what to advise."""
+    batch.fill(tokens, start_pos, logits)
+    return int(llama_cpp.llama_decode(ctx, batch._batch))
+
+
+def logits_rows(ctx, n: int, n_vocab: int) -> np.ndarray:
+    """The logits of the last decode, [n, n_vocab], a view into llama.cpp's buffer (valid until the next
+    decode): every row of a batch decoded with logits="all"."""
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(n, n_vocab))
+
+
+def last_logits(ctx, n_vocab: int) -> np.ndarray:
+    """The logits of the last token of the last decode (a view, valid until the next decode)."""
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+
+
+class Stream:
+    """One sequence read chunk by chunk on a raw context from position 0, with llama.cpp's context shift
+    when ``context_shift`` (n_keep) is set.
+
+    Scoring needs the logits of every row and control of positions that ``Llama.eval`` does not give;
+    ``full_hint`` is the advice a full cache gets (the fix depends on what the caller is doing).
+    """
+
+    def __init__(self, llm: Any, n_batch: int, context_shift: Optional[int] = None, *,
+                 full_hint: str = "raise n_ctx, use a Lambda window or a context shift") -> None:
+        self.llm, self.n_batch, self.context_shift = llm, int(n_batch), context_shift
+        self.ctx = llm.ctx
+        self.cells = n_cells(self.ctx)
+        self.full_hint = full_hint
+        self.batch = Batch(self.n_batch)
+        self.n_past = 0
+
+    def close(self) -> None:
+        self.batch.close()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def reset(self) -> None:
+        """An empty cache at position 0 (the Llama's ids forgotten too)."""
+        self.llm.reset()
+        clear_memory(self.ctx)
+        self.n_past = 0
+
+    def chunks(self, tokens: Sequence[int], logits: str = "last") -> Iterator[Tuple[int, int]]:
+        """Decode ``tokens`` n_batch at a time; yields (offset in ``tokens``, chunk length) after each chunk,
+        when its logits (``logits_rows``/``last_logits``) are readable."""
+        for s in range(0, len(tokens), self.n_batch):
+            interrupt.check()
+            chunk = tokens[s:s + self.n_batch]
+            n = len(chunk)
+            if self.context_shift is not None and self.n_past + n > self.cells:
+                self.n_past = context_shift(self.ctx, self.n_past, self.context_shift)
+            rc = decode(self.ctx, self.batch, chunk, self.n_past, logits=logits)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc} at position {self.n_past} (the KV cache of "
+                                   f"{self.cells} cells is full or the decode was aborted): {self.full_hint}")
+            self.n_past += n
+            yield s, n
+
+    def feed(self, tokens: Sequence[int]) -> np.ndarray:
+        """Decode ``tokens``; the logits of the last one."""
+        for _ in self.chunks(tokens, logits="last"):
+            pass
+        return last_logits(self.ctx, self.llm.n_vocab())
+
+    def rollback(self, n_past: int) -> None:
+        """Forget every token from position n_past on (a cache that keeps them all: vanilla or top-k)."""
+        forget_from(self.ctx, n_past)
+        self.n_past = n_past
+
+
+def eval_chunks(llm: Any, tokens: Sequence[int], n_batch: Optional[int] = None) -> Iterator[int]:
+    """``llm.eval`` n_batch tokens at a time, yielding each chunk's length: the caller advances a progress
+    bar, and an interrupt lands between chunks instead of after the whole document."""
+    n_batch = llm.n_batch if n_batch is None else int(n_batch)
+    for s in range(0, len(tokens), n_batch):
+        interrupt.check()
+        chunk = tokens[s:s + n_batch]
+        llm.eval(chunk)
+        yield len(chunk)
