@@ -100,3 +100,29 @@ def test_trf_theory_and_model_windows_have_different_names():
     flags = {f for a in trf._actions for f in a.option_strings}
     assert {"--rpe-window", "--rpe-sinks", "--window", "--sinks"} <= flags
     assert not {"--erf-window", "--erf-sinks"} & flags
+
+
+def test_run_refuses_n_ctx_where_it_has_no_effect(capsys, tmp_path):
+    from llama_extrapolate import cli
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("A short document.\n")
+    assert cli.main(["run", "--file", str(doc), "--prompt", "x", "--window", "64", "--n-ctx", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "n_ctx=10 has no effect with window=64" in err
+
+
+def test_shared_options_are_declared_once():
+    """Each shared option has one definition: the same help text in every command that takes it (calibrate's
+    --corpus is its own: it reads only the essays)."""
+    from llama_extrapolate import cli
+
+    helps = {}
+    for name, cmd in cli.build_parser()._subparsers._group_actions[0].choices.items():
+        for action in cmd._actions:
+            for flag in action.option_strings:
+                if flag in ("--model", "--n-batch", "--threads", "--sinks", "--window", "--corpus") and (
+                        name != "calibrate" or flag != "--corpus"):
+                    helps.setdefault(flag, set()).add(action.help)
+    assert set(helps) == {"--model", "--n-batch", "--threads", "--sinks", "--window", "--corpus"}
+    assert all(len(h) == 1 for h in helps.values()), helps

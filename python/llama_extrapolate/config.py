@@ -70,23 +70,28 @@ class ResolvedAttention:
     def temperature_on(self) -> bool:
         return self.log_length > 0 or bool(self.points_lengths) or bool(np.any(self.temperature != 1.0))
 
-    def kv_overrides(self, architecture: str) -> dict:
-        """GGUF metadata overrides (llama-cpp-python's kv_overrides, llama.cpp's --override-kv)."""
+    def kv_overrides(self, architecture: str, temperature: bool = True) -> dict:
+        """GGUF metadata overrides (llama-cpp-python's kv_overrides, llama.cpp's --override-kv).
+
+        ``temperature=False`` leaves out the softmax temperature: ``Llama`` sets it through the C API alone
+        (tables and schedules do not fit in metadata), so it reaches llama.cpp by one route; the full set is
+        for a GGUF or a ``llama-server`` command line, where metadata is the only route."""
         a = f"{architecture}.attention"
         out = {
             f"{a}.lambda.sink_count": int(self.sinks),
             f"{a}.lambda.window": int(self.window),
             f"{a}.lambda.ceiling": int(self.ceiling),
             f"{a}.lambda.rollback": int(self.rollback),
-            f"{a}.softmax_temperature.log_length": int(self.log_length),
         }
         if self.top_k > 0:
             out[f"{a}.lambda.top_k"] = int(self.top_k)
             out[f"{a}.lambda.top_k_layer"] = int(self.top_k_layer)
             out[f"{a}.lambda.top_k_distance"] = int(self.top_k_distance)
-        uniform = self.temperature.flat[0]
-        if np.all(self.temperature == uniform):
-            out[f"{a}.softmax_temperature"] = float(uniform)
+        if temperature:
+            out[f"{a}.softmax_temperature.log_length"] = int(self.log_length)
+            uniform = self.temperature.flat[0]
+            if np.all(self.temperature == uniform):
+                out[f"{a}.softmax_temperature"] = float(uniform)
         return out
 
     def state_refusal(self, position_encoding: str) -> Optional[str]:
@@ -298,9 +303,7 @@ class AttentionConfig:
         fields.setdefault("sinks", 0)
         fields.setdefault("window", 0)
         fields.setdefault("ceiling", 0)
-        if length is not None:
-            return cls(temperature=profile.temperature(length, mode, granularity), **fields)
-        return cls(temperature_schedule="points", temperature_points=profile.points(mode, granularity), **fields)
+        return cls(**profile.temperature_fields(mode, granularity, length), **fields)
 
     # --- resolution against a model ---------------------------------------------------------
     def resolve(self, info: "ModelInfo") -> ResolvedAttention:

@@ -214,49 +214,48 @@ class EvalSetup:
 
 
 def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[int] = None,
-              sinks: Optional[int] = None, n_keep: int = 4) -> EvalSetup:
+              sinks: Optional[int] = None, n_keep: int = 4, profile_mode: str = "pmax") -> EvalSetup:
     """The configuration called ``name`` for this model and a stream of ``n_tokens`` tokens.
 
     lambda: LM-Infinite (S sinks, window W, ceiling C = W); vanilla: full attention, a cache for the whole
     stream; context-shift: llama.cpp's context shift over a cache of L_pre cells keeping n_keep tokens;
     window-only: W without sinks or ceiling; lambda-only: Lambda mask without ceiling; ceiling-only: full
     attention with distances capped at L_pre; log-length: full attention with tau(p) = log L_pre /
-    log max(p + 1, L_pre); profile=PATH: full attention with a calibration profile's schedule.
+    log max(p + 1, L_pre); profile=PATH: full attention with the schedule of a calibration profile (its
+    ``profile_mode`` entries).
     """
-    from .config import DEFAULT_SINKS, AttentionConfig
+    from dataclasses import replace
+
+    from .config import DEFAULT_TOP_K_LAYER, AttentionConfig
 
     l_pre = int(info.context_length)
-    w = l_pre if window is None else int(window)
-    s = DEFAULT_SINKS if sinks is None else int(sinks)
     full = n_tokens + n_batch
     if name.startswith(PROFILE_CONFIG_PREFIX):
-        from .profile import CalibrationProfile
-
-        prof = CalibrationProfile.load(name[len(PROFILE_CONFIG_PREFIX):])
-        prof.check_model(info.path)
-        cfg = AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="points",
-                              temperature_points=prof.points("pmax", "global"))
+        cfg = AttentionConfig.from_profile(name[len(PROFILE_CONFIG_PREFIX):], model_path=info.path, mode=profile_mode)
         return EvalSetup(name, cfg, full)
-    # a stream read once never steps back, so no rollback margin: the cache is S + W + n_batch
+    # the one rule of every command (run included): the model's metadata, else LM-Infinite's defaults (S = 10,
+    # W = C = L_pre), then the caller's window and sinks. A stream read once never steps back, so no rollback
+    # margin: the cache is S + W + n_batch
+    given = {k: int(v) for k, v in (("window", window), ("sinks", sinks)) if v is not None}
+    lam = AttentionConfig.from_model(info, rollback=0, **given)
+    w = lam.resolve(info).window or l_pre
     if name == "lambda":
-        cfg = AttentionConfig(sinks=s, window=w, ceiling=w, rollback=0)
+        cfg = lam
     elif name == "vanilla":
         return EvalSetup(name, AttentionConfig.vanilla(), full)
     elif name == "context-shift":
         return EvalSetup(name, AttentionConfig.vanilla(), l_pre, context_shift=n_keep)
     elif name == "window-only":
-        cfg = AttentionConfig(sinks=0, window=w, ceiling=0, rollback=0)
+        cfg = replace(lam, sinks=0, ceiling=0)
     elif name == "lambda-only":
-        cfg = AttentionConfig(sinks=s, window=w, ceiling=0, rollback=0)
+        cfg = replace(lam, ceiling=0)
     elif name == "ceiling-only":
         return EvalSetup(name, AttentionConfig.ceiling_only(w), full)
     elif name == TOP_K_CONFIG:
         # LM-Infinite's passkey setting (k = 5 from layer 5 on, or the last layer of a smaller model); the cache
         # keeps every key, so it holds the whole stream
-        from .config import DEFAULT_TOP_K_LAYER
-
-        cfg = AttentionConfig(sinks=s, window=w, ceiling=w, rollback=0, top_k=5, top_k_scope="question",
-                              top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
+        cfg = replace(lam, top_k=5, top_k_scope="question",
+                      top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, full)
     elif name == "log-length":
         return EvalSetup(name, AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="log-length"), full)
@@ -270,7 +269,7 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
 def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_path, *, bucket: int = 1024,
                 n_batch: int = 512, threads: Optional[int] = None, window: Optional[int] = None,
                 sinks: Optional[int] = None, meta: Optional[dict] = None, progress: bool = True,
-                checkpoint_every: Optional[float] = 600.0) -> dict:
+                checkpoint_every: Optional[float] = 600.0, profile_mode: str = "pmax") -> dict:
     """Streaming NLL of each configuration over the same tokens, written to ``out_path`` as it goes.
 
     The JSON is rewritten after every chunk (atomically), so an interrupted run leaves a valid file;
@@ -297,7 +296,8 @@ def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_pat
     def save() -> None:
         write_json_atomic(out_path, results, indent=1)
 
-    setups = [setup_for(n, info, len(tokens), n_batch, window=window, sinks=sinks) for n in names]
+    setups = [setup_for(n, info, len(tokens), n_batch, window=window, sinks=sinks, profile_mode=profile_mode)
+              for n in names]
     for st in setups:
         if results["configs"].get(st.name, {}).get("complete"):
             continue

@@ -53,15 +53,17 @@ class Llama(llama_cpp.Llama):
 
         r = self.attention_resolved
         self._check_attention_options(kwargs)
-        overrides = r.kv_overrides(self.model_info.architecture)
+        # the structure (mask, ceiling, cache, top-k) goes in as metadata, read at load; the temperature is set
+        # through the C API below and read back, so it has one route
+        every = r.kv_overrides(self.model_info.architecture)
         user = dict(kwargs.pop("kv_overrides", None) or {})
-        clash = sorted(k for k in overrides if k in user and user[k] != overrides[k])
+        clash = sorted(k for k in every if k in user and user[k] != every[k])
         if clash:
             raise ValueError(
                 f"kv_overrides sets {clash[0]}={user[clash[0]]!r}, which attention= also sets "
-                f"(to {overrides[clash[0]]!r}): configure it in AttentionConfig only"
+                f"(to {every[clash[0]]!r}): configure it in AttentionConfig only"
             )
-        user.update(overrides)
+        user.update(r.kv_overrides(self.model_info.architecture, temperature=False))
 
         try:
             super().__init__(model_path, kv_overrides=user, **kwargs)
@@ -80,10 +82,8 @@ class Llama(llama_cpp.Llama):
 
         loaded = native.model_attention(self)
         expected = self.attention_resolved
-        if (loaded["n_sink"], loaded["n_window"], loaded["n_ceiling"], loaded["n_rollback"],
-                loaded["temperature_log_length"], loaded["n_top_k"]) != (
-                    expected.sinks, expected.window, expected.ceiling, expected.rollback, expected.log_length,
-                    expected.top_k) or (expected.top_k > 0 and (loaded["n_top_k_layer"], loaded["n_top_k_distance"])
+        if (loaded["n_sink"], loaded["n_window"], loaded["n_ceiling"], loaded["n_rollback"], loaded["n_top_k"]) != (
+                    expected.sinks, expected.window, expected.ceiling, expected.rollback, expected.top_k) or (expected.top_k > 0 and (loaded["n_top_k_layer"], loaded["n_top_k_distance"])
                                         != (expected.top_k_layer, expected.top_k_distance)):
             raise RuntimeError(f"the library was loaded with {loaded}, not with {expected}: the overrides did not apply")
         # per-layer / per-head values and points (metadata carries only one number) go through the C API

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from .default_model import ModelNotFoundError
 
@@ -69,15 +69,31 @@ def _rope_type_from_library(path: Path) -> int:
     return rope
 
 
-def read_model_info(path: Union[str, os.PathLike]) -> ModelInfo:
-    """Read and check the metadata of a GGUF model file."""
-    from gguf import GGUFReader
+_INFO_CACHE: Dict[Tuple[str, int, int], "ModelInfo"] = {}
 
+
+def read_model_info(path: Union[str, os.PathLike]) -> ModelInfo:
+    """Read and check the metadata of a GGUF model file.
+
+    A command reads the metadata to size the cache and ``Llama`` reads it again to check the load; the result
+    is kept per file (path, size and modification time), so one load parses the GGUF once and a file changed
+    on disk is read afresh. ModelInfo is frozen, so the shared copy cannot be altered by a caller."""
     path = Path(path)
     if path.is_dir():
         raise ModelNotFoundError(f"model path {path} is a directory: pass the path of a .gguf file")
     if not path.is_file():
         raise ModelNotFoundError(f"model file {path} does not exist: pass the path of a .gguf file")
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    info = _INFO_CACHE.get(key)
+    if info is None:
+        info = _INFO_CACHE[key] = _read_model_info(path)
+    return info
+
+
+def _read_model_info(path: Path) -> ModelInfo:
+    from gguf import GGUFReader
+
     try:
         reader = GGUFReader(str(path), "r")
     except Exception as exc:  # gguf raises ValueError, IndexError, struct errors ... on bad files

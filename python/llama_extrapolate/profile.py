@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import List, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -104,6 +104,15 @@ class CalibrationProfile:
         one = np.ones_like(ser[0][1])
         pts = [(self.training_length, one)] + [(L, t) for L, t in ser if L > self.training_length]
         return tuple((int(L), t.tolist() if t.ndim else float(t)) for L, t in pts)
+
+    def temperature_fields(self, mode: str = "pmax", granularity: str = "global",
+                           length: Optional[int] = None) -> dict:
+        """The AttentionConfig fields that apply this profile: the tau it gives at ``length``, or without a
+        length a schedule tau(p) through its points (a stream sharpened as it grows). Every route from a
+        profile to a configuration goes through here, so the mode is always the caller's choice."""
+        if length is not None:
+            return {"temperature": self.temperature(length, mode, granularity)}
+        return {"temperature_schedule": "points", "temperature_points": self.points(mode, granularity)}
 
     def temperature(self, length: int, mode: str = "pmax", granularity: str = "global"):
         """tau for inputs of ``length`` tokens: interpolated in log length, 1 up to L_tr, held past the last."""

@@ -67,6 +67,33 @@ def first_tokens(model: str, file: Optional[str], corpus: str, n: int) -> Tuple[
     return tokens, desc
 
 
+def cache_cells(resolved, info, document: str, question: str, *, max_tokens: int, n_batch: int,
+                n_ctx: Optional[int] = None) -> int:
+    """The KV cache cells ``answer`` needs for this document and question.
+
+    With a window the cache is bounded (S + W + rollback + one batch) whatever the length; with top-k middle
+    keys it keeps every key (the document, the question, the chat template's few tokens and the answer); with
+    full attention it is ``n_ctx``, or the training length. ``n_ctx`` only has a meaning in the last case, and
+    is refused elsewhere rather than ignored.
+    """
+    if n_ctx is not None and (resolved.top_k > 0 or resolved.window > 0):
+        what = f"top_k={resolved.top_k}" if resolved.top_k > 0 else f"window={resolved.window}"
+        raise ValueError(f"n_ctx={n_ctx} has no effect with {what}: the cache is sized from the window (and, with "
+                         "top-k, the document); drop n_ctx, or use window=0 for full attention in n_ctx cells")
+    if resolved.top_k > 0:
+        from .native import load_tokenizer
+
+        vocab = load_tokenizer(info.path)
+        try:
+            n_doc = len(vocab.tokenize(f"{document}\n\n{question}".encode("utf-8"), add_bos=True))
+        finally:
+            vocab.close()
+        return n_doc + 64 + max_tokens + n_batch
+    if resolved.window > 0:
+        return resolved.required_n_ctx(n_batch, stream=0)
+    return int(n_ctx or info.context_length)
+
+
 def chat_prompt_tokens(llm, messages: List[dict]) -> Optional[List[int]]:
     """The tokens create_chat_completion will evaluate for ``messages`` (None if the model has no chat template)."""
     from llama_cpp import llama_chat_format

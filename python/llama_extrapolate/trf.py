@@ -395,6 +395,34 @@ def measure_erf(llm, tokens: Sequence[int], eps: Sequence[float], n_batch: int =
             **erf_by_layer(st.bin_lower, by_layer, eps)}
 
 
+ERF_CONFIGS = ("vanilla", "lambda")
+
+
+def measure_erf_configs(model: str, tokens: Sequence[int], names: Sequence[str], eps: Sequence[float], *,
+                        n_batch: int = 512, threads: Optional[int] = None, window: Optional[int] = None,
+                        sinks: Optional[int] = None) -> Dict[str, dict]:
+    """The ERF of ``model`` under each named configuration (vanilla, lambda), each read with the cache and the
+    window the evaluations use for a stream of this length (``evaluate.setup_for``)."""
+    from .evaluate import setup_for
+    from .llama import Llama
+    from .model_info import read_model_info
+
+    bad = [n for n in names if n not in ERF_CONFIGS]
+    if bad or not names:
+        raise ValueError(f"configs {bad or list(names)!r}: the ERF is measured for {', '.join(ERF_CONFIGS)}")
+    info = read_model_info(model)
+    out = {}
+    for name in names:
+        st = setup_for(name, info, len(tokens), n_batch, window=window, sinks=sinks)
+        llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                    n_threads=threads, verbose=False)
+        try:
+            out[name] = {"setup": st.describe(), **measure_erf(llm, tokens, eps, n_batch, desc=f"erf {name}")}
+        finally:
+            llm.close()
+    return out
+
+
 # --- the standard set, plots ---------------------------------------------------------------------------------
 
 
