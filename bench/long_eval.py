@@ -33,6 +33,8 @@ from typing import List, Optional
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from tables import range_mean  # noqa: E402  (one definition: the README tables use it too)
 RESULTS = HERE / "results"
 NLL = RESULTS / "nll_essays.json"
 PASSKEY = RESULTS / "passkey.json"
@@ -80,18 +82,6 @@ def run_profile(args) -> int:
     return _cli(["calibrate", "--corpus", "pg-essays", "--lengths", args.lengths or "16384,32768",
                  "--mode", "pmax", "--granularity", "global", "--threads", str(args.threads),
                  "-o", str(args.profile)])
-
-
-def range_mean(buckets: List[dict], lo: int, hi: int) -> Optional[float]:
-    """Token-weighted mean NLL of the buckets inside target positions lo+1..hi; None unless they cover them.
-
-    A bucket holds target positions start..end (inclusive); a stream of n tokens has targets 1..n-1, so the
-    last range may lack its final position."""
-    inside = [b for b in buckets if b["start"] > lo and b["end"] <= hi]
-    w = np.array([b["end"] - b["start"] + 1 for b in inside], dtype=float)
-    if not inside or w.sum() < hi - lo - 1:
-        return None
-    return float(np.dot(w, [b["nll"] for b in inside]) / w.sum())
 
 
 def nll_table(results: dict) -> str:

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from tables import rate_before  # noqa: E402  (one definition: the README tables use it too)
 RESULTS = HERE / "results" / "pytorch_route.json"
 SINKS, WINDOW, BLOCK, MARKS = 10, 8192, 2048, (16384, 32768)
 
@@ -180,14 +182,6 @@ def summarize_route(raw: dict) -> dict:
             last_done, last_t = done, t
     return {"load_s": raw["load_s"], "blocks": blocks, "seconds": raw["stamps"][-1][1],
             "mean_nll": float(np.nanmean(raw["nll"])), "peak_rss_bytes": raw["peak_rss_bytes"]}
-
-
-def rate_before(blocks: list, end: int, span: int = 8192) -> float:
-    """Tokens/s over the span tokens before ``end`` (None if the route did not get there)."""
-    inside = [b for b in blocks if end - span < b["end"] <= end]
-    if not inside or inside[-1]["end"] != end:
-        return None
-    return sum(b["tokens"] for b in inside) / sum(b["tokens"] / b["tok_s"] for b in inside)
 
 
 def summary(results: dict) -> dict:

@@ -8,12 +8,9 @@ Reads JSON only (json + numpy): no llama.cpp, no model; runs in well under a sec
     python bench/tables.py nll passkey      # areas or single tables (see --list)
     python bench/tables.py --list
 
-Some bench scripts print tables of their own for a quick look; the ones here duplicate their logic so that
-this script never imports a module that needs the library or a model (to deduplicate later):
-``nll-64k`` and ``passkey`` follow ``bench/long_eval.py table`` (``range_mean``, ``nll_table``,
-``passkey_table``), ``topk-passkey`` and ``topk-cost`` follow ``bench/top_k.py table``, ``pytorch`` follows
-``bench/pytorch_route.py table`` (``rate_before``), and ``stream``/``knobs-off``/``soak`` read what
-``bench/performance.py`` (``prefill_at``, ``summarize``, ``soak_summary``) computes.
+The helpers the bench scripts share with these tables live here (``range_mean`` for ``bench/long_eval.py``,
+``rate_before`` for ``bench/pytorch_route.py``), since this module needs nothing but json and numpy; the
+scripts' own quick-look tables print runs in progress, these print what is committed.
 """
 
 from __future__ import annotations
@@ -76,7 +73,10 @@ NLL_RANGES = ((4096, 8192), (8192, 16384), (16384, 32768), (32768, 65536))
 
 
 def range_mean(buckets: List[dict], lo: int, hi: int) -> Optional[float]:
-    """Token-weighted mean NLL of the buckets inside target positions lo+1..hi (as bench/long_eval.py)."""
+    """Token-weighted mean NLL of the buckets inside target positions lo+1..hi; None unless they cover them.
+
+    A bucket holds target positions start..end (inclusive); a stream of n tokens has targets 1..n-1, so the
+    last range may lack its final position."""
     inside = [b for b in buckets if b["start"] > lo and b["end"] <= hi]
     w = np.array([b["end"] - b["start"] + 1 for b in inside], dtype=float)
     if not inside or w.sum() < hi - lo - 1:
