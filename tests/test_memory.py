@@ -192,3 +192,24 @@ def test_named_file_is_removed_unless_kept(tiny, tmp_path):
         finally:
             llm.close()
         assert f.exists() == keep
+
+
+def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_path, capsys):
+    """`llama-extrapolate run` uses the memory by default: a pass key near the start of a document ~3k tokens
+    long, read with a window of 1,024, is found (the plain Lambda window no longer sees it)."""
+    from llama_extrapolate import cli
+    from llama_extrapolate.tasks import PASSKEY_FILLER, PASSKEY_INTRO, PASSKEY_LINE
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text(PASSKEY_INTRO + PASSKEY_FILLER * 2 + PASSKEY_LINE.format(key="68512") + PASSKEY_FILLER * 110)
+    question = "What is the pass key? The pass key is"
+    rc = cli.main(["run", "--file", str(doc), "--prompt", question, "--window", "1024", "--no-chat",
+                   "--max-tokens", "16", "--threads", "2"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "68512" in out.out, out.out
+    assert "memory" in out.err and "selected per head" in out.err and "MiB on disk" in out.err
+    rc = cli.main(["run", "--file", str(doc), "--prompt", question, "--window", "1024", "--no-chat",
+                   "--max-tokens", "16", "--threads", "2", "--memory-blocks", "0", "--quiet"])
+    off = capsys.readouterr()
+    assert rc == 0 and "68512" not in off.out, off.out

@@ -254,9 +254,10 @@ def _cmd_nll(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     if not names:
         raise ValueError("--configs is empty: name one or more configurations")
-    if evaluate.TOP_K_CONFIG in names:
-        raise ValueError(f"--configs {evaluate.TOP_K_CONFIG}: its middle keys are switched on for a question, and a "
-                         "text scored token by token has none; use it with the passkey command")
+    for question_only in (evaluate.TOP_K_CONFIG, evaluate.MEMORY_CONFIG):
+        if question_only in names:
+            raise ValueError(f"--configs {question_only}: its middle keys are switched on for a question, and a "
+                             "text scored token by token has none; use it with the passkey command")
     tokens, desc = reader.first_tokens(model, args.file, args.corpus, args.tokens)
     out = Path(args.output)
     results = evaluate.compare_nll(model, tokens, names, out, bucket=args.bucket, n_batch=args.n_batch,
