@@ -139,7 +139,10 @@ def _attention_from_args(args: argparse.Namespace, info):
     if memory > 0:
         # the document memory: what leaves the window goes to disk, the question selects blocks and takes the
         # top-k middle keys among them
-        overrides.update(memory_blocks=memory, top_k=args.top_k or 5, top_k_layer=args.top_k_layer,
+        from .config import DEFAULT_TOP_K_LAYER
+
+        layer = args.top_k_layer if args.top_k_layer is not None else min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1)
+        overrides.update(memory_blocks=memory, top_k=args.top_k or 5, top_k_layer=layer,
                          top_k_distance=args.top_k_distance, top_k_scope="question")
         if getattr(args, "memory_block_size", None):
             overrides.update(memory_block_size=args.memory_block_size)
@@ -205,7 +208,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                n_ctx=args.n_ctx)
     memory = {}
     if resolved.memory:
-        memory = dict(memory_path=args.memory_file, memory_keep=args.keep_memory, memory_type=args.memory_type,
+        memory_type = args.memory_type
+        if memory_type is None:
+            # q8_0 quantizes 32 values at a time: a head of another size is stored in f16
+            n_head = info.head_count if isinstance(info.head_count, int) else max(info.head_count)
+            head = int(info.embedding_length or 0) // max(1, int(n_head or 1))
+            memory_type = "q8_0" if head % 32 == 0 else "f16"
+        memory = dict(memory_path=args.memory_file, memory_keep=args.keep_memory, memory_type=memory_type,
                       memory_capacity=reader.memory_capacity(info, document, args.prompt, max_tokens=args.max_tokens))
     elif args.memory_file is not None or args.keep_memory:
         raise ValueError("--memory-file/--keep-memory with the document memory off: drop them, or use "
@@ -423,8 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--memory-block-size", type=int, help="tokens per block (default 64)")
     r.add_argument("--memory-file", help="the memory's file (default: an anonymous temporary file)")
     r.add_argument("--keep-memory", action="store_true", help="keep --memory-file after the run")
-    r.add_argument("--memory-type", choices=["q8_0", "q4_0", "f16", "f32"], default="q8_0",
-                   help="how the memory stores keys and values (default q8_0)")
+    r.add_argument("--memory-type", choices=["q8_0", "q4_0", "f16", "f32"],
+                   help="how the memory stores keys and values (default q8_0, f16 for heads not a multiple of 32)")
     r.add_argument("--profile", help="calibration profile: softmax temperature schedule tau(p)")
     r.add_argument("--profile-mode", choices=["pmax", "entropy"], default="pmax")
     r.add_argument("--n-ctx", type=int, help="cache size with --window 0 (default: the training length)")

@@ -77,7 +77,7 @@ def cache_cells(resolved, info, document: str, question: str, *, max_tokens: int
     is refused elsewhere rather than ignored.
     """
     if n_ctx is not None and (resolved.top_k > 0 or resolved.window > 0):
-        what = f"top_k={resolved.top_k}" if resolved.top_k > 0 else f"window={resolved.window}"
+        what = f"window={resolved.window}" if resolved.window > 0 else f"top_k={resolved.top_k}"
         raise ValueError(f"n_ctx={n_ctx} has no effect with {what}: the cache is sized from the window (and, with "
                          "top-k, the document); drop n_ctx, or use window=0 for full attention in n_ctx cells")
     if resolved.top_k > 0 and not resolved.memory:
