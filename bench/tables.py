@@ -397,7 +397,7 @@ def table_memory_passkey(r: Path) -> str:
     lengths = sorted({L for by in found.values() for L in by})
     rows = [[MEMORY_LABELS.get(name, name)] + [f"{sum(by[L])}/{len(by[L])}" if L in by else DASH for L in lengths]
             for name, by in found.items()]
-    return md([f"configuration (W = {d.get('machine', {}).get('window', '?')})"] + [k(L) for L in lengths], rows)
+    return md(["configuration"] + [k(L) for L in lengths], rows)
 
 
 # --- registry ---------------------------------------------------------------------------------------------------
