@@ -382,6 +382,24 @@ def table_upstream(r: Path) -> str:
     return md(["tree", "passed", "`test-backend-ops test -b CPU`", "`test-alloc`", "not passed"], rows)
 
 
+# --- document memory (bench/memory.py) ----------------------------------------------------------------------
+
+MEMORY_LABELS = {"lambda": "Λ + ceiling", "lambda+memory": "Λ + memory (m = 16, B = 64, k = 5)",
+                 "lambda+top-k": "Λ + top-k (whole cache)", "vanilla": "vanilla", "context-shift": "context shift"}
+
+
+def table_memory_passkey(r: Path) -> str:
+    """Keys found by configuration and length (all depths and trials), with the window the runs used."""
+    d = load("memory_passkey.json", r)
+    found: Dict[str, Dict[int, List[bool]]] = {}
+    for t in d["trials"]:
+        found.setdefault(t["config"], {}).setdefault(t["length"], []).append(bool(t["correct"]))
+    lengths = sorted({L for by in found.values() for L in by})
+    rows = [[MEMORY_LABELS.get(name, name)] + [f"{sum(by[L])}/{len(by[L])}" if L in by else DASH for L in lengths]
+            for name, by in found.items()]
+    return md(["configuration"] + [k(L) for L in lengths], rows)
+
+
 # --- registry ---------------------------------------------------------------------------------------------------
 
 TABLES: Dict[str, Callable[[Path], str]] = {
@@ -402,6 +420,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "erf": table_erf,
     "pytorch": table_pytorch,
     "upstream": table_upstream,
+    "memory-passkey": table_memory_passkey,
 }
 
 AREAS: Dict[str, List[str]] = {
@@ -410,6 +429,7 @@ AREAS: Dict[str, List[str]] = {
     "top-k": ["topk-summary", "topk-passkey", "topk-cost"],
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
     "receptive-fields": ["trf", "erf"],
+    "memory": ["memory-passkey"],
 }
 
 

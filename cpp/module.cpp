@@ -124,7 +124,62 @@ py::dict model_attention(std::uintptr_t model_address) {
     d["n_top_k"]                = p.n_top_k;
     d["n_top_k_layer"]          = p.n_top_k_layer;
     d["n_top_k_distance"]       = p.n_top_k_distance;
+    d["n_memory_blocks"]        = p.n_memory_blocks;
+    d["n_memory_block_size"]    = p.n_memory_block_size;
     return d;
+}
+
+void memory_open(std::uintptr_t ctx_address, const std::string & path, const std::string & dir, bool keep, int type,
+                 uint64_t capacity) {
+    llama_ext_memory_params p{};
+    p.path     = path.c_str();
+    p.dir      = dir.c_str();
+    p.keep     = keep ? 1 : 0;
+    p.type     = type;
+    p.capacity = capacity;
+    char err[1024] = {0};
+    const int32_t rc = llama_ext_memory_open(mutable_context_from_address(ctx_address), &p, err, sizeof(err));
+    if (rc != 0) {
+        // the library's reason (a path, an errno message, the value to change) is the message
+        throw py::value_error(std::string("document memory: ") + err);
+    }
+}
+
+py::dict memory_info(std::uintptr_t ctx_address) {
+    llama_ext_memory_info info{};
+    check_status(llama_ext_memory_get_info(context_from_address(ctx_address), &info), "llama_ext_memory_get_info");
+    py::dict d;
+    d["n_tokens"]      = info.n_tokens;
+    d["n_blocks"]      = info.n_blocks;
+    d["n_blocks_cap"]  = info.n_blocks_cap;
+    d["bytes_on_disk"] = info.bytes_on_disk;
+    d["bytes_in_ram"]  = info.bytes_in_ram;
+    d["n_block"]       = info.n_block;
+    d["n_select"]      = info.n_select;
+    d["layer_first"]   = info.layer_first;
+    d["n_kv"]          = info.n_kv;
+    d["head_dim"]      = info.head_dim;
+    d["type"]          = info.type;
+    return d;
+}
+
+py::array_t<int32_t> memory_selection(std::uintptr_t ctx_address, int32_t il) {
+    llama_ext_memory_info info{};
+    check_status(llama_ext_memory_get_info(context_from_address(ctx_address), &info), "llama_ext_memory_get_info");
+    py::array_t<int32_t> out({(py::ssize_t) info.n_kv, (py::ssize_t) info.n_select});
+    check_status(llama_ext_memory_get_selection(context_from_address(ctx_address), il, out.mutable_data(),
+                                                (size_t) out.size()), "llama_ext_memory_get_selection");
+    return out;
+}
+
+py::tuple memory_read_block(std::uintptr_t ctx_address, uint32_t ib, int32_t il, uint32_t g) {
+    llama_ext_memory_info info{};
+    check_status(llama_ext_memory_get_info(context_from_address(ctx_address), &info), "llama_ext_memory_get_info");
+    py::array_t<float> k({(py::ssize_t) info.n_block, (py::ssize_t) info.head_dim});
+    py::array_t<float> v({(py::ssize_t) info.n_block, (py::ssize_t) info.head_dim});
+    check_status(llama_ext_memory_read_block(context_from_address(ctx_address), ib, il, g, k.mutable_data(),
+                                             v.mutable_data()), "llama_ext_memory_read_block");
+    return py::make_tuple(k, v);
 }
 
 void set_top_k(std::uintptr_t ctx_address, uint32_t k, uint32_t layer, uint32_t distance) {
@@ -265,6 +320,16 @@ PYBIND11_MODULE(_core, m) {
     m.def("set_top_k", &set_top_k, py::arg("ctx_address"), py::arg("k"), py::arg("layer"), py::arg("distance"),
           "top-k middle keys from the next decode on (k = 0: off, distance 0: the default); needs a model loaded "
           "with attention.lambda.top_k > 0");
+    m.def("memory_open", &memory_open, py::arg("ctx_address"), py::arg("path"), py::arg("dir"), py::arg("keep"),
+          py::arg("type"), py::arg("capacity"), "open the document memory's store before the first decode");
+    m.def("memory_info", &memory_info, py::arg("ctx_address"), "tokens, blocks and bytes of the document memory");
+    m.def("memory_selection", &memory_selection, py::arg("ctx_address"), py::arg("layer"),
+          "[n_kv, m] blocks each KV head of the layer selected in the last decode");
+    m.def("memory_read_block", &memory_read_block, py::arg("ctx_address"), py::arg("block"), py::arg("layer"),
+          py::arg("kv_head"), "(keys, values) [B, head_dim] of a stored block, as stored");
+    m.def("memory_last_error", [](std::uintptr_t ctx_address) {
+        return std::string(llama_ext_memory_last_error(context_from_address(ctx_address)));
+    }, py::arg("ctx_address"), "why the document memory failed in the last decode");
     m.def("get_top_k", &get_top_k, py::arg("ctx_address"), "(k, layer, distance) in use, distance resolved");
     m.def("stats_enable", &stats_enable, py::arg("ctx_address"), py::arg("on"),
           "collect attention statistics while decoding (non-flash attention, one KV stream)");

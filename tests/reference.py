@@ -29,6 +29,10 @@ class RefAttention:
     top_k_layer: int = 0
     top_k_distance: int = 0  # the distance the middle keys are scored at
     top_k_from: int = 0  # only queries at positions >= top_k_from select middle keys (the question)
+    # document memory: layer -> [n_kv, m] blocks each KV head selected (the library's choice); the middle keys of
+    # a KV head are then the tokens of its blocks (block b: positions sinks + b*memory_block .. + memory_block - 1)
+    memory_blocks: Optional[dict] = None
+    memory_block: int = 0
 
     def middle(self, p: int, j: np.ndarray) -> np.ndarray:
         return (j <= p) & (j >= self.sinks) & (p - j >= self.window) if self.window > 0 else np.zeros(len(j), bool)
@@ -162,6 +166,10 @@ def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: f
         d = cfg.distance(p, positions[keys])
         tau = cfg.temperature(layer, H, p)[:, None]
         logits = _scores(q[i], kh[keys], d, D, rope_base, neox, alibi_slopes) / tau
+        if cfg.memory_blocks is not None and cfg.selects(layer, p):
+            out[i] = _memory_heads(q[i], kh, vh, keys, logits, positions, cfg, layer, tau, group, D, rope_base,
+                                   neox, alibi_slopes, margin)
+            continue
         mid = np.nonzero(cfg.middle(p, positions))[0] if cfg.selects(layer, p) else np.zeros(0, int)
         if len(mid) == 0:
             w = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -185,15 +193,41 @@ def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: f
     return out
 
 
+def _memory_heads(q_i, kh, vh, keys, logits, positions, cfg, layer, tau, group, D, rope_base, neox, alibi_slopes,
+                  margin):
+    """One query with the document memory: each head adds the top_k keys, scored at distance top_k_distance,
+    among the tokens of the blocks its KV head selected."""
+    H = q_i.shape[0]
+    out = np.zeros((H, q_i.shape[1]))
+    sel = np.asarray(cfg.memory_blocks[layer])
+    B = cfg.memory_block
+    for h in range(H):
+        toks = (cfg.sinks + sel[h // group][:, None] * B + np.arange(B)[None, :]).ravel()
+        mid = np.nonzero(np.isin(positions, toks))[0]
+        assert len(mid) == len(toks), "a selected block lies outside the sequence"
+        d_mid = np.full(len(mid), cfg.top_k_distance)
+        mid_logits = _scores(q_i, kh[mid], d_mid, D, rope_base, neox, alibi_slopes)[h] / tau[h]
+        order = np.argsort(-mid_logits, kind="stable")
+        if margin is not None:
+            margin.add(mid_logits[order], cfg.top_k)
+        pick = order[:cfg.top_k]
+        lg = np.concatenate([logits[h], mid_logits[pick]])
+        w = np.exp(lg - lg.max())
+        w /= w.sum()
+        out[h] = w @ np.concatenate([vh[keys, h], vh[mid[pick], h]])
+    return out
+
+
 def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
 def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
             positions: Optional[Sequence[int]] = None, stats: Optional[RefStats] = None,
-            margin: Optional[TopKMargin] = None, f16_cache: bool = False) -> np.ndarray:
+            margin: Optional[TopKMargin] = None, f16_cache: bool = False,
+            capture: Optional[dict] = None) -> np.ndarray:
     """Logits (T, n_vocab) of a tiny llama model for the whole token sequence (f16_cache: K and V rounded as in
-    llama.cpp's default f16 cache, see half_cache)."""
+    llama.cpp's default f16 cache, see half_cache; capture: layer -> (q, k, v), q and k before RoPE, filled when given)."""
     cfg = cfg or RefAttention()
     w = {name: t.astype(np.float64) for name, t in model.weights.items()}
     tokens = np.asarray(tokens)
@@ -206,6 +240,8 @@ def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention]
         q = (h @ w[f"blk.{il}.attn_q.weight"].T).reshape(T, H, D)
         k = (h @ w[f"blk.{il}.attn_k.weight"].T).reshape(T, Hkv, D)
         v = (h @ w[f"blk.{il}.attn_v.weight"].T).reshape(T, Hkv, D)
+        if capture is not None:
+            capture[il] = (q, k, v)
         a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_base, neox=model.neox, stats=stats,
                       margin=margin, f16_cache=f16_cache)
         x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T

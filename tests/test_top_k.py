@@ -281,7 +281,7 @@ def test_run_reads_the_document_then_switches_the_middle_keys_on_for_the_questio
 
     monkeypatch.setattr(llama_module.Llama, "set_top_k_active", spy)
     argv = ["run", "--model", str(path), "--file", str(doc), "--prompt", "What jumps?", "--window", "32",
-            "--sinks", "4", "--max-tokens", "4", "--n-batch", "32", "--no-chat", "--quiet"]
+            "--sinks", "4", "--max-tokens", "4", "--n-batch", "32", "--no-chat", "--memory-blocks", "0", "--quiet"]
     if top_k:
         argv += ["--top-k", str(top_k), "--top-k-layer", "1"]
     assert cli.main(argv) == 0

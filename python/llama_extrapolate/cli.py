@@ -135,7 +135,18 @@ def _attention_from_args(args: argparse.Namespace, info):
     from .config import AttentionConfig
 
     overrides = {k: getattr(args, k) for k in ("sinks", "window", "ceiling") if getattr(args, k, None) is not None}
-    if getattr(args, "top_k", None):
+    memory = getattr(args, "memory_blocks", None) or 0
+    if memory > 0:
+        # the document memory: what leaves the window goes to disk, the question selects blocks and takes the
+        # top-k middle keys among them
+        from .config import DEFAULT_TOP_K_LAYER
+
+        layer = args.top_k_layer if args.top_k_layer is not None else min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1)
+        overrides.update(memory_blocks=memory, top_k=args.top_k or 5, top_k_layer=layer,
+                         top_k_distance=args.top_k_distance, top_k_scope="question")
+        if getattr(args, "memory_block_size", None):
+            overrides.update(memory_block_size=args.memory_block_size)
+    elif getattr(args, "top_k", None):
         # the document is read with the Lambda mask, the question and the answer add the middle keys
         overrides.update(top_k=args.top_k, top_k_layer=args.top_k_layer, top_k_distance=args.top_k_distance,
                          top_k_scope="question")
@@ -148,6 +159,9 @@ def _attention_from_args(args: argparse.Namespace, info):
         prof.check_model(info.path)
         overrides.update(prof.temperature_fields(args.profile_mode))
     return AttentionConfig.from_model(info, **overrides)
+
+
+DEFAULT_RUN_MEMORY_BLOCKS = 16
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -164,6 +178,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _at_least(args, "threads", 1)
     document = reader.read_text_file(args.file)
     info = read_model_info(model)
+    notes = []
+    if args.memory_blocks is None:
+        # the memory is on by default where it can be: RoPE, a window, no --state (which does not hold it yet)
+        if args.state is not None:
+            notes.append("document memory off: --state does not save it yet (--memory-blocks 0 to say so)")
+        elif info.position_encoding != "rope":
+            notes.append(f"document memory off: it needs RoPE and {info.architecture} uses {info.position_encoding}")
+        elif args.window == 0:
+            notes.append("document memory off: full attention (--window 0) keeps every key")
+        else:
+            args.memory_blocks = DEFAULT_RUN_MEMORY_BLOCKS
+    _at_least(args, "memory_blocks", 0)
     attention = _attention_from_args(args, info)
     resolved = attention.resolve(info)
     state = None
@@ -175,12 +201,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise ValueError(f"--state {args.state} is a directory: name a file for the document's state")
         refusal = resolved.state_refusal(info.position_encoding)
         if refusal:
-            raise ValueError(f"--state with --top-k {resolved.top_k}: {refusal} (drop --top-k or --state)")
+            what = f"--memory-blocks {resolved.memory_blocks}" if resolved.memory else f"--top-k {resolved.top_k}"
+            raise ValueError(f"--state with {what}: {refusal} (drop one of them)")
     n_batch = args.n_batch
     n_ctx = reader.cache_cells(resolved, info, document, args.prompt, max_tokens=args.max_tokens, n_batch=n_batch,
                                n_ctx=args.n_ctx)
+    memory = {}
+    if resolved.memory:
+        memory_type = args.memory_type
+        if memory_type is None:
+            # q8_0 quantizes 32 values at a time: a head of another size is stored in f16
+            n_head = info.head_count if isinstance(info.head_count, int) else max(info.head_count)
+            head = int(info.embedding_length or 0) // max(1, int(n_head or 1))
+            memory_type = "q8_0" if head % 32 == 0 else "f16"
+        memory = dict(memory_path=args.memory_file, memory_keep=args.keep_memory, memory_type=memory_type,
+                      memory_capacity=reader.memory_capacity(info, document, args.prompt, max_tokens=args.max_tokens))
+    elif args.memory_file is not None or args.keep_memory:
+        raise ValueError("--memory-file/--keep-memory with the document memory off: drop them, or use "
+                         "--memory-blocks M")
+    if not args.quiet:
+        for note in notes:
+            print(f"[{note}]", file=sys.stderr)
     llm = Llama(model, attention=attention, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=args.threads,
-                verbose=False)
+                verbose=False, **memory)
     try:
         t0 = time.perf_counter()
         n_out = 0
@@ -194,6 +237,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not args.quiet:
             r = resolved
             top_k = f", top-k {r.top_k} from layer {r.top_k_layer} at D={r.top_k_distance}" if r.top_k else ""
+            if r.memory:
+                mi = llm.memory_info()
+                top_k += (f", memory {mi['n_blocks']} blocks of {mi['n_block']} ({mi['bytes_on_disk'] / 2**20:.1f} MiB on "
+                          f"disk, {mi['bytes_in_ram'] / 2**20:.1f} MiB in RAM), {r.memory_blocks} selected per head")
             print(f"[{llm.n_tokens} tokens in the stream, window {r.window or 'off'}, sinks {r.sinks}, ceiling "
                   f"{r.ceiling or 'off'}{top_k}, cache {n_ctx} cells, {time.perf_counter() - t0:.1f} s, peak RSS "
                   f"{resources.peak_rss_bytes() / 2**20:.0f} MiB]", file=sys.stderr)
@@ -216,9 +263,10 @@ def _cmd_nll(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     if not names:
         raise ValueError("--configs is empty: name one or more configurations")
-    if evaluate.TOP_K_CONFIG in names:
-        raise ValueError(f"--configs {evaluate.TOP_K_CONFIG}: its middle keys are switched on for a question, and a "
-                         "text scored token by token has none; use it with the passkey command")
+    for question_only in (evaluate.TOP_K_CONFIG, evaluate.MEMORY_CONFIG):
+        if question_only in names:
+            raise ValueError(f"--configs {question_only}: its middle keys are switched on for a question, and a "
+                             "text scored token by token has none; use it with the passkey command")
     tokens, desc = reader.first_tokens(model, args.file, args.corpus, args.tokens)
     out = Path(args.output)
     results = evaluate.compare_nll(model, tokens, names, out, bucket=args.bucket, n_batch=args.n_batch,
@@ -377,6 +425,15 @@ def build_parser() -> argparse.ArgumentParser:
                                               "largest logits (LM-Infinite: 5); the cache then keeps the document")
     r.add_argument("--top-k-layer", type=int, help="first layer with the middle keys (default 5)")
     r.add_argument("--top-k-distance", type=int, help="distance they are scored at (default C/2)")
+    r.add_argument("--memory-blocks", type=int,
+                   help=f"document memory: what leaves the window is kept on disk in blocks and the question "
+                        f"attends to the --top-k best keys of the M blocks each head selects (default "
+                        f"{DEFAULT_RUN_MEMORY_BLOCKS} on RoPE models; 0 = off)")
+    r.add_argument("--memory-block-size", type=int, help="tokens per block (default 64)")
+    r.add_argument("--memory-file", help="the memory's file (default: an anonymous temporary file)")
+    r.add_argument("--keep-memory", action="store_true", help="keep --memory-file after the run")
+    r.add_argument("--memory-type", choices=["q8_0", "q4_0", "f16", "f32"],
+                   help="how the memory stores keys and values (default q8_0, f16 for heads not a multiple of 32)")
     r.add_argument("--profile", help="calibration profile: softmax temperature schedule tau(p)")
     r.add_argument("--profile-mode", choices=["pmax", "entropy"], default="pmax")
     r.add_argument("--n-ctx", type=int, help="cache size with --window 0 (default: the training length)")

@@ -30,6 +30,10 @@ DEFAULT_ROLLBACK = 256
 # LM-Infinite's choice for Llama-2 (Appendix A.3, picked on held-out passkey retrieval): k = 5 keys from layer 5 on
 DEFAULT_TOP_K_LAYER = 5
 TOP_K_SCOPES = ("all", "question")
+# the document memory: blocks of 64 tokens, 16 selected per KV head (docs/document-memory-study.md: Quest's bound at
+# B = 64 finds 0.87 of the exhaustive top-5 keys with m = 16), stored as q8_0
+DEFAULT_MEMORY_BLOCK = 64
+MEMORY_TYPES = {"q8_0": 8, "q4_0": 2, "f16": 1, "f32": 0}  # name -> enum ggml_type
 
 Temperature = Union[float, Sequence[float], Sequence[Sequence[float]], np.ndarray]
 
@@ -61,6 +65,17 @@ class ResolvedAttention:
     top_k_layer: int = 0
     top_k_distance: int = 0  # as resolved (> 0 when top_k > 0)
     top_k_scope: str = "all"
+    memory_blocks: int = 0  # document memory: blocks each KV head selects (0 = off)
+    memory_block_size: int = DEFAULT_MEMORY_BLOCK
+
+    @property
+    def memory(self) -> bool:
+        return self.memory_blocks > 0
+
+    @property
+    def memory_cells(self) -> int:
+        """The cells of the cache the selected blocks are brought into."""
+        return self.memory_blocks * self.memory_block_size
 
     @property
     def lambda_mask(self) -> bool:
@@ -87,6 +102,9 @@ class ResolvedAttention:
             out[f"{a}.lambda.top_k"] = int(self.top_k)
             out[f"{a}.lambda.top_k_layer"] = int(self.top_k_layer)
             out[f"{a}.lambda.top_k_distance"] = int(self.top_k_distance)
+        if self.memory_blocks > 0:
+            out[f"{a}.lambda.memory_blocks"] = int(self.memory_blocks)
+            out[f"{a}.lambda.memory_block_size"] = int(self.memory_block_size)
         if temperature:
             out[f"{a}.softmax_temperature.log_length"] = int(self.log_length)
             uniform = self.temperature.flat[0]
@@ -100,6 +118,9 @@ class ResolvedAttention:
         With top-k middle keys on a RoPE model the cache also holds the keys before rotation (patch 0014), and
         the state carries only the rotated ones (patch 0016 refuses to write it): saving, checkpoints and
         ``run --state`` all ask here, so they refuse before any work is done rather than after it."""
+        if self.memory_blocks > 0:
+            return (f"memory_blocks={self.memory_blocks}: the state does not hold the document memory (its store "
+                    "and the unrotated keys) yet; read the document again, or use memory_blocks=0 to save states")
         if self.top_k > 0 and position_encoding == "rope":
             return (f"top_k={self.top_k} on a RoPE model: the state does not hold the unrotated keys the top-k "
                     "middle keys are scored with; use top_k=0 to save states, or read the document again")
@@ -107,16 +128,18 @@ class ResolvedAttention:
 
     @property
     def bounded_cache(self) -> bool:
-        """The cache frees the keys the window hides (not with top-k middle keys, which may select them)."""
-        return self.window > 0 and self.top_k == 0
+        """The cache frees the keys the window hides (not with top-k middle keys over the cache, which may select
+        them; with the document memory they are on disk)."""
+        return self.window > 0 and (self.top_k == 0 or self.memory_blocks > 0)
 
     def check_context(self, n_ctx: int, n_ubatch: int) -> None:
         """The cache must hold the sinks, the window, the rollback margin and one ubatch."""
         need = self.required_n_ctx(n_ubatch, stream=0)
         if self.bounded_cache and n_ctx < need:
+            memory = f" + memory cells {self.memory_cells}" if self.memory_cells else ""
             raise ValueError(
                 f"window={self.window} with sinks={self.sinks} and rollback={self.rollback} needs "
-                f"n_ctx >= sinks + window + rollback + n_ubatch = {need}, got n_ctx={n_ctx}: raise n_ctx or "
+                f"n_ctx >= sinks + window + rollback + n_ubatch{memory} = {need}, got n_ctx={n_ctx}: raise n_ctx or "
                 "lower the window"
             )
 
@@ -124,7 +147,7 @@ class ResolvedAttention:
         """Smallest n_ctx for a stream of `stream` tokens: bounded with a window, the whole stream without
         (or with top-k middle keys)."""
         if self.bounded_cache:
-            return self.sinks + self.window + self.rollback + n_ubatch
+            return self.sinks + self.window + self.rollback + n_ubatch + self.memory_cells
         return stream
 
 
@@ -173,8 +196,19 @@ class AttentionConfig:
     top_k_layer: Optional[int] = None
     top_k_distance: Optional[int] = None
     top_k_scope: str = "all"
+    memory_blocks: int = 0
+    memory_block_size: int = DEFAULT_MEMORY_BLOCK
 
     def __post_init__(self) -> None:
+        _check_count("memory_blocks", self.memory_blocks, allow_none=False)
+        _check_count("memory_block_size", self.memory_block_size, allow_none=False)
+        if self.memory_blocks > 0:
+            if self.top_k == 0:
+                raise ValueError(f"memory_blocks={self.memory_blocks} with top_k=0: the memory's blocks are where the "
+                                 "top-k middle keys are chosen from; set top_k (e.g. 5) or memory_blocks=0")
+            if self.memory_block_size == 0 or self.memory_block_size % 32:
+                raise ValueError(f"memory_block_size={self.memory_block_size}: use a multiple of 32 (the "
+                                 "quantization block), e.g. 64")
         _check_count("top_k", self.top_k, allow_none=False)
         _check_count("top_k_layer", self.top_k_layer)
         _check_count("top_k_distance", self.top_k_distance)
@@ -359,7 +393,14 @@ class AttentionConfig:
                                      log_length=log_length, points_lengths=lengths,
                                      points_tau=np.ascontiguousarray(points_tau, dtype=np.float32),
                                      top_k=top_k, top_k_layer=top_k_layer, top_k_distance=top_k_distance,
-                                     top_k_scope=self.top_k_scope)
+                                     top_k_scope=self.top_k_scope, memory_blocks=int(self.memory_blocks),
+                                     memory_block_size=int(self.memory_block_size))
+        if resolved.memory and info.position_encoding != "rope":
+            raise ValueError(f"memory_blocks={self.memory_blocks}: the document memory needs RoPE (it scores its keys "
+                             f"rotated to a bounded distance); {info.architecture} uses {info.position_encoding}")
+        if resolved.memory and top_k > resolved.memory_cells:
+            raise ValueError(f"top_k={top_k} > memory_blocks*memory_block_size={resolved.memory_cells}: the top-k keys "
+                             "are chosen among the selected blocks' keys; lower top_k or raise memory_blocks")
         return resolved
 
 

@@ -184,6 +184,10 @@ def chunked_perplexity(llm: llama_cpp.Llama, tokens: Sequence[int], n_ctx: int, 
 BASELINES = ("lambda", "vanilla", "context-shift", "window-only", "lambda-only", "ceiling-only", "log-length")
 # retrieval tasks only: the document is read with the Lambda mask, the question adds the top-k middle keys
 TOP_K_CONFIG = "lambda+top-k"
+# retrieval tasks only: the document is read with the bounded Lambda cache and goes to the document memory, the
+# question selects 16 blocks per KV head and takes the top-5 keys among them
+MEMORY_CONFIG = "lambda+memory"
+MEMORY_BLOCKS = 16
 # full attention with a calibration profile's schedule: "profile=" + the profile's path
 PROFILE_CONFIG_PREFIX = "profile="
 
@@ -196,6 +200,11 @@ class EvalSetup:
     attention: object  # AttentionConfig
     n_ctx: int
     context_shift: Optional[int] = None
+    memory_capacity: Optional[int] = None  # tokens the document memory is opened for
+
+    def llama_kwargs(self) -> dict:
+        """What ``Llama`` needs besides the attention and n_ctx (the document memory's capacity)."""
+        return {"memory_capacity": self.memory_capacity} if self.memory_capacity else {}
 
     @property
     def top_k_question(self) -> bool:
@@ -257,11 +266,16 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
         cfg = replace(lam, top_k=5, top_k_scope="question",
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, full)
+    elif name == MEMORY_CONFIG:
+        cfg = replace(lam, top_k=5, top_k_scope="question", memory_blocks=MEMORY_BLOCKS,
+                      top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
+        return EvalSetup(name, cfg, cfg.resolve(info).required_n_ctx(n_batch, stream=n_tokens),
+                         memory_capacity=n_tokens + n_batch)
     elif name == "log-length":
         return EvalSetup(name, AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="log-length"), full)
     else:
-        raise ValueError(f"configuration {name!r}: use one of {', '.join(BASELINES)}, {TOP_K_CONFIG} (passkey, "
-                         "needle) or profile=PATH")
+        raise ValueError(f"configuration {name!r}: use one of {', '.join(BASELINES)}, {TOP_K_CONFIG} or "
+                         f"{MEMORY_CONFIG} (passkey, needle) or profile=PATH")
     resolved = cfg.resolve(info)
     return EvalSetup(name, cfg, resolved.required_n_ctx(n_batch, stream=n_tokens))
 

@@ -9,6 +9,7 @@ that did not arrive is an error, not vanilla attention in disguise.
 from __future__ import annotations
 
 import copy
+import os
 import weakref
 from typing import Any, Optional
 
@@ -24,6 +25,9 @@ from .model_info import InvalidModelError, read_model_info
 
 # what llama-cpp-python's checks see as the context length when the stream is unbounded
 UNBOUNDED_CONTEXT = 2**31 - 1
+# tokens the document memory holds when the caller does not say (its file is reserved for them: ~12 KB a token
+# for SmolLM2 at q8_0)
+DEFAULT_MEMORY_CAPACITY = 131072
 
 
 class Llama(llama_cpp.Llama):
@@ -35,7 +39,8 @@ class Llama(llama_cpp.Llama):
     """
 
     def __init__(self, model_path: str, *args: Any, attention: Optional[AttentionConfig] = None,
-                 **kwargs: Any) -> None:
+                 memory_path: Optional[str] = None, memory_dir: Optional[str] = None, memory_keep: bool = False,
+                 memory_type: str = "q8_0", memory_capacity: Optional[int] = None, **kwargs: Any) -> None:
         if attention is not None and not isinstance(attention, AttentionConfig):
             raise TypeError(f"attention={attention!r} must be an AttentionConfig (or None for vanilla attention)")
         self.attention = attention if attention is not None else AttentionConfig.vanilla()
@@ -88,6 +93,11 @@ class Llama(llama_cpp.Llama):
             raise RuntimeError(f"the library was loaded with {loaded}, not with {expected}: the overrides did not apply")
         # per-layer / per-head values and points (metadata carries only one number) go through the C API
         self._apply_temperature(expected)
+        if expected.memory:
+            self._open_memory(memory_path, memory_dir, memory_keep, memory_type, memory_capacity)
+        elif memory_path is not None or memory_capacity is not None:
+            raise ValueError("memory_path/memory_capacity without the document memory: use "
+                             "AttentionConfig(memory_blocks=16, top_k=5, ...) to keep what leaves the window")
         if expected.top_k > 0 and expected.top_k_scope == "question":
             self.set_top_k_active(False)  # read with plain Lambda attention until the question
 
@@ -100,6 +110,37 @@ class Llama(llama_cpp.Llama):
             self.input_ids = TokenHistory()
             self._n_ctx = UNBOUNDED_CONTEXT
             self._guard_rollbacks()
+
+    def _open_memory(self, path: Optional[str], directory: Optional[str], keep: bool, type_name: str,
+                     capacity: Optional[int]) -> None:
+        """Open the store the hidden keys go to. Its file is reserved for ``capacity`` tokens up front, so that a
+        disk too small or an unwritable path is an error now, not in the middle of a document."""
+        from .config import MEMORY_TYPES
+
+        if type_name not in MEMORY_TYPES:
+            raise ValueError(f"memory_type={type_name!r}: use one of {', '.join(MEMORY_TYPES)}")
+        if capacity is None:
+            capacity = DEFAULT_MEMORY_CAPACITY
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < self.attention_resolved.memory_cells:
+            raise ValueError(f"memory_capacity={capacity!r}: give the number of tokens to hold (the document's "
+                             f"length), at least memory_blocks*memory_block_size="
+                             f"{self.attention_resolved.memory_cells}")
+        if keep and not path:
+            raise ValueError("memory_keep=True needs memory_path: an anonymous file cannot be kept")
+        if directory is not None and not os.path.isdir(directory):
+            raise ValueError(f"memory_dir={directory!r} is not a directory: create it or choose another")
+        native.memory_open(self._attention_context("memory"), path, directory, keep, MEMORY_TYPES[type_name],
+                           capacity)
+
+    def memory_info(self) -> dict:
+        """Tokens, blocks and bytes (on disk, in RAM) of the document memory."""
+        if not self.attention_resolved.memory:
+            raise ValueError("memory_info: this model was loaded without the document memory (memory_blocks=0)")
+        return native.memory_info(self._attention_context("memory_info"))
+
+    def memory_selection(self, layer: int) -> np.ndarray:
+        """[n_kv, m] blocks each KV head of ``layer`` selected in the last decode."""
+        return native.memory_selection(self._attention_context("memory_selection"), layer)
 
     def _check_attention_options(self, kwargs: dict) -> None:
         """Refuse llama_cpp options under which the configured attention would not be exact."""
@@ -243,7 +284,13 @@ class Llama(llama_cpp.Llama):
             batch = tokens[i:i + self.n_batch]
             n_past, n = self.n_tokens, len(batch)
             self._batch.set_batch(batch=batch, n_past=n_past, logits_all=self._logits_all)
-            self._ctx.decode(self._batch)
+            try:
+                self._ctx.decode(self._batch)
+            except RuntimeError as exc:
+                why = native.memory_last_error(self._attention_context("eval")) if self.attention_resolved.memory else ""
+                if why:
+                    raise RuntimeError(f"{exc}: document memory: {why}") from None
+                raise
             self.input_ids[n_past:n_past + n] = batch
             if self._logits_all:
                 logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,))

@@ -148,6 +148,31 @@ def get_top_k(ctx: int) -> Tuple[int, int, int]:
     return tuple(int(x) for x in _core.get_top_k(ctx))
 
 
+# --- document memory (patch 0010) -------------------------------------------------------------------
+def memory_open(ctx: int, path: Optional[str], directory: Optional[str], keep: bool, type_id: int,
+                capacity: int) -> None:
+    """Open the memory's store (the library's reason, e.g. an unwritable path or a full disk, is the ValueError)."""
+    _core.memory_open(ctx, path or "", directory or "", bool(keep), int(type_id), int(capacity))
+
+
+def memory_info(ctx: int) -> Dict[str, int]:
+    return {k: int(v) for k, v in _core.memory_info(ctx).items()}
+
+
+def memory_selection(ctx: int, layer: int) -> np.ndarray:
+    """[n_kv, m] blocks each KV head of ``layer`` selected in the last decode (-1 before any)."""
+    return np.asarray(_core.memory_selection(ctx, int(layer)), dtype=np.int64)
+
+
+def memory_read_block(ctx: int, block: int, layer: int, kv_head: int) -> Tuple[np.ndarray, np.ndarray]:
+    k, v = _core.memory_read_block(ctx, int(block), int(layer), int(kv_head))
+    return np.asarray(k), np.asarray(v)
+
+
+def memory_last_error(ctx: int) -> str:
+    return str(_core.memory_last_error(ctx))
+
+
 # --- attention statistics (patch 0009) -----------------------------------------------------------
 def stats_bin_lower() -> np.ndarray:
     """Smallest query-key distance of each distance bin."""

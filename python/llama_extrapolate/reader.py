@@ -77,21 +77,31 @@ def cache_cells(resolved, info, document: str, question: str, *, max_tokens: int
     is refused elsewhere rather than ignored.
     """
     if n_ctx is not None and (resolved.top_k > 0 or resolved.window > 0):
-        what = f"top_k={resolved.top_k}" if resolved.top_k > 0 else f"window={resolved.window}"
+        what = f"window={resolved.window}" if resolved.window > 0 else f"top_k={resolved.top_k}"
         raise ValueError(f"n_ctx={n_ctx} has no effect with {what}: the cache is sized from the window (and, with "
                          "top-k, the document); drop n_ctx, or use window=0 for full attention in n_ctx cells")
-    if resolved.top_k > 0:
-        from .native import load_tokenizer
-
-        vocab = load_tokenizer(info.path)
-        try:
-            n_doc = len(vocab.tokenize(f"{document}\n\n{question}".encode("utf-8"), add_bos=True))
-        finally:
-            vocab.close()
-        return n_doc + 64 + max_tokens + n_batch
+    if resolved.top_k > 0 and not resolved.memory:
+        return document_tokens(info, document, question) + 64 + max_tokens + n_batch
     if resolved.window > 0:
         return resolved.required_n_ctx(n_batch, stream=0)
     return int(n_ctx or info.context_length)
+
+
+def document_tokens(info, document: str, question: str) -> int:
+    """Tokens of the document and the question (a vocabulary-only load: milliseconds, no layers)."""
+    from .native import load_tokenizer
+
+    vocab = load_tokenizer(info.path)
+    try:
+        return len(vocab.tokenize(f"{document}\n\n{question}".encode("utf-8"), add_bos=True))
+    finally:
+        vocab.close()
+
+
+def memory_capacity(info, document: str, question: str, *, max_tokens: int) -> int:
+    """Tokens the document memory must hold for this document, its question and the answer (and the chat
+    template's few tokens): its file is reserved for them before reading starts."""
+    return document_tokens(info, document, question) + 256 + max_tokens
 
 
 def chat_prompt_tokens(llm, messages: List[dict]) -> Optional[List[int]]:

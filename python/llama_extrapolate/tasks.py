@@ -209,7 +209,7 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
             longest = max(len(p.tokens) for p in prompts.values()) + n_new
             st = setup_for(name, info, longest, n_batch, window=window, sinks=sinks)
             llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                        n_threads=threads, verbose=False)
+                        n_threads=threads, verbose=False, **st.llama_kwargs())
             stream = Stream(llm, n_batch, st.context_shift)
             try:
                 for (L, d, k), p in todo:

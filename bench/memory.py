@@ -1,0 +1,120 @@
+"""The document memory (patch 0010) on the default model: retrieval by length and depth, and its cost.
+
+``retrieval``: the passkey (or the RULER-style needle in essays) at several lengths x 5 depths x N trials,
+for the configurations named (``lambda``: LM-Infinite with the bounded cache; ``lambda+memory``: the same
+reading, what leaves the window in the block store, the question selecting 16 blocks of 64 per KV head and
+the top-5 keys among them; ``vanilla``, ``context-shift``, ``lambda+top-k`` where they fit). The window is
+set well below the model's training length (``--window``, default 1024) so that the lengths reach far past
+it on this machine's budget. Each trial is written to ``bench/results/memory_<task>.json`` as it finishes (a
+rerun resumes), and ``memory_<task>.png`` is the heatmap.
+
+``cost``: one essay stream read with the bounded Lambda cache, then with the memory (question scope): tokens/s,
+peak RSS, bytes on disk per token and in RAM, and the time from the end of the reading to the first answer
+token (``bench/results/memory_cost.json``).
+
+    python bench/memory.py retrieval [--task passkey] [--lengths 4096,8192,16384] [--trials 2]
+    python bench/memory.py cost [--tokens 16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+
+def run_retrieval(args) -> None:
+    from llama_extrapolate import plots, tasks
+    from llama_extrapolate.default_model import default_model_path
+
+    out = RESULTS / f"memory_{args.task}.json"
+    res = tasks.run_retrieval(str(default_model_path()), args.task, args.configs.split(","),
+                              [int(x) for x in args.lengths.split(",")], [0.0, 0.25, 0.5, 0.75, 1.0], args.trials,
+                              args.seed, out, n_batch=args.n_batch, threads=args.threads, window=args.window)
+    res["machine"] = {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
+                      "window": args.window}
+    out.write_text(json.dumps(res, indent=1))
+    plots.plot_accuracy(res, out.with_suffix(".png"))
+    for name, by_len in res["accuracy"].items():
+        row = ", ".join(f"{L}: {sum(d.values()) / len(d):.2f}" for L, d in sorted(by_len.items(), key=lambda x: int(x[0])))
+        print(f"{name:16s} {row}")
+
+
+def run_cost(args) -> None:
+    import numpy as np
+
+    import llama_extrapolate as le
+    from llama_extrapolate import native
+    from llama_extrapolate.corpora import paul_graham_essays
+    from llama_extrapolate.default_model import default_model_path
+    from llama_extrapolate.evaluate import setup_for
+    from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
+
+    model = str(default_model_path())
+    info = le.read_model_info(model)
+    vocab = native.load_tokenizer(model)
+    tokens = vocab.tokenize(paul_graham_essays().encode("utf-8"), add_bos=True)[:args.tokens]
+    question = vocab.tokenize(b"\nWhat is the first sentence of the text above?", add_bos=False)
+    vocab.close()
+    out = {"tokens": len(tokens), "window": args.window, "threads": args.threads, "configs": {}}
+    for name in ("lambda", "lambda+memory"):
+        st = setup_for(name, info, len(tokens) + len(question) + 16, args.n_batch, window=args.window)
+        peak_rss_reset()
+        llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
+                       n_threads=args.threads, verbose=False, **st.llama_kwargs())
+        try:
+            t0 = time.perf_counter()
+            llm.eval(tokens)
+            read_s = time.perf_counter() - t0
+            if st.top_k_question:
+                llm.set_top_k_active(True)
+            t1 = time.perf_counter()
+            llm.eval(question)
+            to_answer = time.perf_counter() - t1
+            entry = {"read_tok_s": len(tokens) / read_s, "question_s": to_answer, "n_ctx": st.n_ctx,
+                     "peak_rss_bytes": peak_rss_bytes()}
+            if st.attention.memory_blocks:
+                mi = llm.memory_info()
+                entry.update(memory=mi, disk_bytes_per_token=mi["bytes_on_disk"] / len(tokens))
+            out["configs"][name] = entry
+            print(name, json.dumps(entry))
+        finally:
+            llm.close()
+    lam, mem = out["configs"]["lambda"], out["configs"]["lambda+memory"]
+    out["read_speed_ratio"] = mem["read_tok_s"] / lam["read_tok_s"]
+    out["peak_rss_ratio"] = mem["peak_rss_bytes"] / lam["peak_rss_bytes"]
+    (RESULTS / "memory_cost.json").write_text(json.dumps(out, indent=1))
+    print(json.dumps({k: out[k] for k in ("read_speed_ratio", "peak_rss_ratio")}))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("retrieval")
+    r.add_argument("--task", choices=["passkey", "needle"], default="passkey")
+    r.add_argument("--lengths", default="4096,8192,16384")
+    r.add_argument("--configs", default="lambda,lambda+memory")
+    r.add_argument("--trials", type=int, default=2)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--window", type=int, default=1024)
+    r.add_argument("--n-batch", type=int, default=512)
+    r.add_argument("--threads", type=int, default=2)
+    c = sub.add_parser("cost")
+    c.add_argument("--tokens", type=int, default=16384)
+    c.add_argument("--window", type=int, default=1024)
+    c.add_argument("--n-batch", type=int, default=512)
+    c.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    RESULTS.mkdir(exist_ok=True)
+    {"retrieval": run_retrieval, "cost": run_cost}[args.cmd](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

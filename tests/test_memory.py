@@ -1,0 +1,215 @@
+"""The document memory (patch 0010) against the numpy oracle, on the tiny llama model.
+
+While the document is read with the bounded Lambda cache, every token after the sinks goes to the block store;
+for the question each KV head of the layers >= h0 selects m blocks by Quest's bound, and the top-k middle keys
+are chosen among their keys, scored at distance D. Two things are checked separately:
+
+- given the blocks the library selected (``Llama.memory_selection``), its logits equal the oracle's;
+- the selection itself equals an exhaustive scorer's: the bound q.center + |q|.radius of every block computed
+  in numpy from the stored keys (``native.memory_read_block``) and the oracle's queries, the top m of the max over
+  the ubatch's queries and the group's heads, among the blocks hidden from its first query.
+
+The caches and the store are F32 here, so the comparison is exact up to float32 arithmetic.
+"""
+
+import numpy as np
+import pytest
+
+from conftest import random_tokens
+from reference import RefAttention, TopKMargin, forward, rope_angles, rotate
+
+N_TOKENS = 300
+QUESTION = 250
+TOL = 2e-3
+S, W, C = 4, 32, 32
+K, H0, D = 3, 1, 16
+M, B = 2, 32
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama):
+    model, path = tiny_llama
+    return model, path, random_tokens(model, N_TOKENS, seed=2)
+
+
+def memory_config(**kw):
+    from llama_extrapolate import AttentionConfig
+
+    args = dict(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0, top_k_distance=D, top_k_scope="question",
+                memory_blocks=M, memory_block_size=B)
+    args.update(kw)
+    return AttentionConfig(**args)
+
+
+def make_llm(path, attention, ubatch=64, **kw):
+    import llama_extrapolate
+
+    kw.setdefault("memory_type", "f32")
+    kw.setdefault("memory_capacity", 512)
+    return llama_extrapolate.Llama(str(path), attention=attention, n_ctx=512, n_batch=ubatch, n_ubatch=ubatch,
+                                   n_threads=2, logits_all=True, verbose=False, type_k=0, type_v=0, **kw)
+
+
+def read_and_ask(llm, tokens, question=QUESTION):
+    llm.reset()
+    llm.eval(tokens[:question])
+    llm.set_top_k_active(True)
+    llm.eval(tokens[question:])
+    return np.asarray(llm.scores[:len(tokens)], dtype=np.float64)
+
+
+@pytest.fixture(scope="module")
+def asked(tiny):
+    model, path, tokens = tiny
+    llm = make_llm(path, memory_config())
+    try:
+        got = read_and_ask(llm, tokens)
+        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
+        info = llm.memory_info()
+        stored = {(b, il, g): _read(llm, b, il, g) for b in range(info["n_blocks"]) for il in range(H0, model.n_layer)
+                  for g in range(model.n_head_kv)}
+    finally:
+        llm.close()
+    return got, sel, info, stored
+
+
+def _read(llm, b, il, g):
+    from llama_extrapolate import native
+
+    return native.memory_read_block(native.context_address(llm), b, il, g)
+
+
+def test_logits_equal_the_oracle_given_the_selected_blocks(tiny, asked):
+    model, _, tokens = tiny
+    got, sel, _, _ = asked
+    assert all(s.shape == (model.n_head_kv, M) and (s >= 0).all() for s in sel.values())
+    margin = TopKMargin()
+    ref = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0,
+                                              top_k_distance=D, top_k_from=QUESTION, memory_blocks=sel,
+                                              memory_block=B), margin=margin)
+    plain = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C))
+    assert margin.rows > 0 and margin.gap > 1e-4, f"top-k choice ill-defined (gap {margin.gap}): pick another seed"
+    assert np.abs(ref[QUESTION:] - plain[QUESTION:]).max() > 0.5, "the memory must change the answer's logits"
+    np.testing.assert_array_equal(got[:QUESTION].argmax(1), plain[:QUESTION].argmax(1))
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"max |llama.cpp - oracle| = {err}"
+
+
+def test_the_store_holds_every_token_after_the_sinks_unrotated(tiny, asked):
+    """Block b of layer il, KV head g: the keys of positions S + b*B.. before RoPE, and their values."""
+    model, _, tokens = tiny
+    _, _, info, stored = asked
+    assert info["n_tokens"] == N_TOKENS - S and info["n_blocks"] == (N_TOKENS - S) // B
+    assert info["bytes_on_disk"] == 4096 + info["n_blocks"] * (model.n_layer - H0) * model.n_head_kv * 2 * B * \
+        model.head_dim * 4
+    cap = {}
+    forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C), capture=cap)
+    import reference
+
+    for (b, il, g), (k, v) in stored.items():
+        q, k_all, _ = cap[il]
+        want = k_all[S + b * B:S + (b + 1) * B, g]
+        np.testing.assert_allclose(k, want, atol=2e-4, err_msg=f"keys of block {b}, layer {il}, head {g}")
+        assert v.shape == want.shape and np.isfinite(v).all()
+    assert reference  # the oracle module is the one the values come from
+
+
+def test_selection_equals_an_exhaustive_bound(tiny, asked):
+    model, _, tokens = tiny
+    _, sel, info, stored = asked
+    cap = {}
+    forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C), capture=cap)
+    n_sel = (QUESTION - S - W + 1) // B  # blocks hidden from the question's first query
+    group = model.n_head // model.n_head_kv
+    for il in range(H0, model.n_layer):
+        q, _, _ = cap[il]
+        qd = rotate(q[QUESTION:], rope_angles(np.full(N_TOKENS - QUESTION, D), model.head_dim, model.rope_base)[:, None, :],
+                    model.neox)
+        for g in range(model.n_head_kv):
+            qg = qd[:, g * group:(g + 1) * group].reshape(-1, model.head_dim)
+            bound = []
+            for b in range(n_sel):
+                k, _ = stored[(b, il, g)]
+                lo, hi = k.min(0), k.max(0)
+                bound.append(np.maximum(qg * lo, qg * hi).sum(1).max())
+            bound = np.asarray(bound)
+            order = np.argsort(-bound, kind="stable")
+            assert bound[order[M - 1]] - bound[order[M]] > 1e-3 * abs(bound[order[M - 1]])
+            assert set(sel[il][g]) == set(order[:M]), (il, g, bound, sel[il][g])
+
+
+def test_memory_before_enough_blocks_is_plain_lambda(tiny):
+    """Until the question's first query has m blocks behind its window the memory adds nothing."""
+    model, path, tokens = tiny
+    llm = make_llm(path, memory_config())
+    try:
+        got = read_and_ask(llm, tokens[:100], question=90)  # (90 - 4 - 32 + 1) // 32 = 1 block < m = 2
+    finally:
+        llm.close()
+    plain = forward(model, tokens[:100], RefAttention(sinks=S, window=W, ceiling=C))
+    assert np.abs(got - plain).max() < TOL
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(memory_blocks=2, top_k=0), "top_k=0"),
+    (dict(memory_block_size=48), "multiple of 32"),
+])
+def test_bad_memory_settings_are_named(kw, words):
+    with pytest.raises(ValueError, match=words):
+        memory_config(**kw)
+
+
+def test_bad_store_settings_are_named(tiny, tmp_path):
+    _, path, _ = tiny
+    with pytest.raises(ValueError, match="q4_1"):
+        make_llm(path, memory_config(), memory_type="q4_1")
+    with pytest.raises(ValueError, match="memory_capacity=10"):
+        make_llm(path, memory_config(), memory_capacity=10)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match=str(blocker)):
+        make_llm(path, memory_config(), memory_dir=str(blocker))
+    with pytest.raises(ValueError, match="cannot create the memory file .*nope"):
+        make_llm(path, memory_config(), memory_path=str(tmp_path / "no-such-dir" / "nope"))
+    with pytest.raises(ValueError, match="q8_0"):  # a head of 16 values is no whole q8_0 block
+        make_llm(path, memory_config(), memory_type="q8_0")
+
+
+def test_a_disk_too_small_is_an_error_before_reading(tiny, tmp_path):
+    _, path, _ = tiny
+    with pytest.raises(ValueError, match="cannot reserve"):
+        make_llm(path, memory_config(), memory_capacity=2**40, memory_dir=str(tmp_path))
+
+
+def test_named_file_is_removed_unless_kept(tiny, tmp_path):
+    _, path, tokens = tiny
+    for keep in (False, True):
+        f = tmp_path / f"memory-{keep}.bin"
+        llm = make_llm(path, memory_config(), memory_path=str(f), memory_keep=keep)
+        try:
+            llm.eval(tokens[:120])
+            assert f.exists() and llm.memory_info()["n_blocks"] == (120 - S) // B
+        finally:
+            llm.close()
+        assert f.exists() == keep
+
+
+def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_path, capsys):
+    """`llama-extrapolate run` uses the memory by default: a pass key near the start of a document ~3k tokens
+    long, read with a window of 1,024, is found (the plain Lambda window no longer sees it)."""
+    from llama_extrapolate import cli
+    from llama_extrapolate.tasks import PASSKEY_FILLER, PASSKEY_INTRO, PASSKEY_LINE
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text(PASSKEY_INTRO + PASSKEY_FILLER * 2 + PASSKEY_LINE.format(key="68512") + PASSKEY_FILLER * 110)
+    question = "What is the pass key? The pass key is"
+    rc = cli.main(["run", "--file", str(doc), "--prompt", question, "--window", "1024", "--no-chat",
+                   "--max-tokens", "16", "--threads", "2"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "68512" in out.out, out.out
+    assert "memory" in out.err and "selected per head" in out.err and "MiB on disk" in out.err
+    rc = cli.main(["run", "--file", str(doc), "--prompt", question, "--window", "1024", "--no-chat",
+                   "--max-tokens", "16", "--threads", "2", "--memory-blocks", "0", "--quiet"])
+    off = capsys.readouterr()
+    assert rc == 0 and "68512" not in off.out, off.out
