@@ -29,8 +29,9 @@ class RefAttention:
     top_k_layer: int = 0
     top_k_distance: int = 0  # the distance the middle keys are scored at
     top_k_from: int = 0  # only queries at positions >= top_k_from select middle keys (the question)
-    # document memory: layer -> [n_kv, m] blocks each KV head selected (the library's choice); the middle keys of
-    # a KV head are then the tokens of its blocks (block b: positions sinks + b*memory_block .. + memory_block - 1)
+    # document memory: layer -> [n_kv, m] blocks each KV head selected (the library's choice), or layer ->
+    # {first position of a ubatch: [n_kv, m]} when each ubatch selected its own; the middle keys of a KV head are
+    # then the tokens of its blocks (block b: positions sinks + b*memory_block .. + memory_block - 1)
     memory_blocks: Optional[dict] = None
     memory_block: int = 0
 
@@ -168,7 +169,7 @@ def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: f
         logits = _scores(q[i], kh[keys], d, D, rope_base, neox, alibi_slopes) / tau
         if cfg.memory_blocks is not None and cfg.selects(layer, p):
             out[i] = _memory_heads(q[i], kh, vh, keys, logits, positions, cfg, layer, tau, group, D, rope_base,
-                                   neox, alibi_slopes, margin)
+                                   neox, alibi_slopes, margin, p)
             continue
         mid = np.nonzero(cfg.middle(p, positions))[0] if cfg.selects(layer, p) else np.zeros(0, int)
         if len(mid) == 0:
@@ -194,12 +195,19 @@ def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: f
 
 
 def _memory_heads(q_i, kh, vh, keys, logits, positions, cfg, layer, tau, group, D, rope_base, neox, alibi_slopes,
-                  margin):
+                  margin, p):
     """One query with the document memory: each head adds the top_k keys, scored at distance top_k_distance,
-    among the tokens of the blocks its KV head selected."""
+    among the tokens of the blocks its KV head selected (for the ubatch of the query at position p)."""
     H = q_i.shape[0]
     out = np.zeros((H, q_i.shape[1]))
-    sel = np.asarray(cfg.memory_blocks[layer])
+    sel = cfg.memory_blocks[layer]
+    if isinstance(sel, dict):
+        sel = sel[max(start for start in sel if start <= p)]
+    sel = np.asarray(sel)
+    if (sel < 0).any():  # the ubatch had fewer than m selectable blocks: the memory added nothing
+        w = np.exp(logits - logits.max(axis=1, keepdims=True))
+        w /= w.sum(axis=1, keepdims=True)
+        return np.einsum("hk,khd->hd", w, vh[keys])
     B = cfg.memory_block
     for h in range(H):
         toks = (cfg.sinks + sel[h // group][:, None] * B + np.arange(B)[None, :]).ravel()

@@ -213,3 +213,32 @@ def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_p
                    "--max-tokens", "16", "--threads", "2", "--memory-blocks", "0", "--quiet"])
     off = capsys.readouterr()
     assert rc == 0 and "68512" not in off.out, off.out
+
+
+def test_every_query_scope_selects_per_ubatch(tiny):
+    """top_k_scope='all': every ubatch (the reading included) selects its own blocks once m of them lie behind
+    its first query's window; the oracle is given each ubatch's selection."""
+    model, path, tokens = tiny
+    ubatch = 64
+    llm = make_llm(path, memory_config(top_k_scope="all"), ubatch=ubatch)
+    sel = {il: {} for il in range(H0, model.n_layer)}
+    try:
+        llm.reset()
+        for start in range(0, N_TOKENS, ubatch):
+            llm.eval(tokens[start:start + ubatch])
+            n_blocks = (start - S) // B if start > S else 0  # complete blocks stored before this ubatch
+            ready = min(n_blocks, max(0, (start - S - W + 1) // B)) >= M
+            for il in sel:
+                sel[il][start] = llm.memory_selection(il) if ready else np.full((model.n_head_kv, M), -1)
+        got = np.asarray(llm.scores[:N_TOKENS], dtype=np.float64)
+    finally:
+        llm.close()
+    assert sum(int((s >= 0).all()) for s in sel[H0].values()) >= 3, "most ubatches must have used the memory"
+    margin = TopKMargin()
+    ref = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0,
+                                              top_k_distance=D, memory_blocks=sel, memory_block=B), margin=margin)
+    plain = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C))
+    assert margin.gap > 1e-4
+    assert np.abs(ref - plain).max() > 0.5
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"max |llama.cpp - oracle| = {err}"
