@@ -192,6 +192,12 @@ def test_named_file_is_removed_unless_kept(tiny, tmp_path):
         finally:
             llm.close()
         assert f.exists() == keep
+    # the kept file: a header whose block count is written after the blocks (a crash leaves a valid prefix)
+    head = np.frombuffer(f.read_bytes()[8:8 + 9 * 8], dtype=np.uint64)
+    assert f.read_bytes()[:8] == b"LXMEM001"
+    version, n_layer, h0, n_kv, hd, block, type_id, n_blocks, record = (int(x) for x in head)
+    assert (version, n_layer, h0, n_kv, hd, block, type_id) == (1, 2, H0, 2, 16, B, 0)
+    assert n_blocks == (120 - S) // B and f.stat().st_size >= 4096 + n_blocks * record
 
 
 def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_path, capsys):
