@@ -109,17 +109,19 @@ def table_nll_64k(r: Path) -> str:
 PASSKEY_LABELS = {"vanilla": "vanilla", "lambda": "Λ + ceiling", "context-shift": "context shift"}
 
 
-def table_passkey(r: Path) -> str:
-    d = load("passkey.json", r)
+def keys_found(trials: List[dict], labels: Dict[str, str]) -> str:
+    """Keys found / trials per configuration (rows, in order of appearance) and length (columns)."""
     found: Dict[str, Dict[int, List[bool]]] = {}
-    for t in d["trials"]:
+    for t in trials:
         found.setdefault(t["config"], {}).setdefault(t["length"], []).append(bool(t["correct"]))
     lengths = sorted({L for by in found.values() for L in by})
-    rows = []
-    for name, by in found.items():
-        rows.append([PASSKEY_LABELS.get(name, name)]
-                    + [f"{sum(by[L])}/{len(by[L])}" if L in by else DASH for L in lengths])
+    rows = [[labels.get(name, name)] + [f"{sum(by[L])}/{len(by[L])}" if L in by else DASH for L in lengths]
+            for name, by in found.items()]
     return md(["configuration"] + [k(L) for L in lengths], rows)
+
+
+def table_passkey(r: Path) -> str:
+    return keys_found(load("passkey.json", r)["trials"], PASSKEY_LABELS)
 
 
 # --- speed and memory (bench/performance.py) --------------------------------------------------------------------
@@ -389,15 +391,8 @@ MEMORY_LABELS = {"lambda": "Λ + ceiling", "lambda+memory": "Λ + memory (m = 16
 
 
 def table_memory_passkey(r: Path) -> str:
-    """Keys found by configuration and length (all depths and trials), with the window the runs used."""
-    d = load("memory_passkey.json", r)
-    found: Dict[str, Dict[int, List[bool]]] = {}
-    for t in d["trials"]:
-        found.setdefault(t["config"], {}).setdefault(t["length"], []).append(bool(t["correct"]))
-    lengths = sorted({L for by in found.values() for L in by})
-    rows = [[MEMORY_LABELS.get(name, name)] + [f"{sum(by[L])}/{len(by[L])}" if L in by else DASH for L in lengths]
-            for name, by in found.items()]
-    return md(["configuration"] + [k(L) for L in lengths], rows)
+    """Keys found by configuration and length (all depths and trials)."""
+    return keys_found(load("memory_passkey.json", r)["trials"], MEMORY_LABELS)
 
 
 # --- registry ---------------------------------------------------------------------------------------------------
