@@ -395,6 +395,19 @@ def table_memory_passkey(r: Path) -> str:
     return keys_found(load("memory_passkey.json", r)["trials"], MEMORY_LABELS)
 
 
+def table_memory_cost(r: Path) -> str:
+    """Reading speed, question time, cache, peak RSS and disk of one essay stream, bounded Λ vs the memory."""
+    d = load("memory_cost.json", r)
+    rows = []
+    for name, e in d["configs"].items():
+        mem = e.get("memory")
+        rows.append([MEMORY_LABELS.get(name, name), f(e["read_tok_s"], 1), f(e["question_s"], 3), e["n_ctx"],
+                     f(e["peak_rss_bytes"] / MIB, 0), f(e["disk_bytes_per_token"], 0) if mem else DASH,
+                     f(mem["bytes_in_ram"] / MIB, 1) if mem else DASH])
+    return md([f"{k(d['tokens'])} tokens, W = {d['window']}", "read tok/s", "question s", "KV cells", "peak RSS MiB",
+               "disk bytes/token", "memory RAM MiB"], rows)
+
+
 # --- registry ---------------------------------------------------------------------------------------------------
 
 TABLES: Dict[str, Callable[[Path], str]] = {
@@ -416,6 +429,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "pytorch": table_pytorch,
     "upstream": table_upstream,
     "memory-passkey": table_memory_passkey,
+    "memory-cost": table_memory_cost,
 }
 
 AREAS: Dict[str, List[str]] = {
@@ -424,7 +438,7 @@ AREAS: Dict[str, List[str]] = {
     "top-k": ["topk-summary", "topk-passkey", "topk-cost"],
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
     "receptive-fields": ["trf", "erf"],
-    "memory": ["memory-passkey"],
+    "memory": ["memory-passkey", "memory-cost"],
 }
 
 
