@@ -248,3 +248,17 @@ def test_every_query_scope_selects_per_ubatch(tiny):
     assert np.abs(ref - plain).max() > 0.5
     err = np.abs(got - ref).max()
     assert err < TOL, f"max |llama.cpp - oracle| = {err}"
+
+
+def test_run_with_the_memory_on_a_short_document(tiny, tmp_path, capsys):
+    """A document shorter than the memory's blocks: run still opens it (sized for its blocks) and answers."""
+    from llama_extrapolate import cli
+
+    _, path, _ = tiny
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The quick brown fox jumps over the lazy dog. " * 5)
+    rc = cli.main(["run", "--model", str(path), "--file", str(doc), "--prompt", "What jumps?", "--window", "32",
+                   "--sinks", "4", "--max-tokens", "4", "--n-batch", "32", "--no-chat"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "blocks of 64" in err and "16 selected per head" in err

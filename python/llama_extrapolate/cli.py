@@ -215,7 +215,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             head = int(info.embedding_length or 0) // max(1, int(n_head or 1))
             memory_type = "q8_0" if head % 32 == 0 else "f16"
         memory = dict(memory_path=args.memory_file, memory_keep=args.keep_memory, memory_type=memory_type,
-                      memory_capacity=reader.memory_capacity(info, document, args.prompt, max_tokens=args.max_tokens))
+                      memory_capacity=reader.memory_capacity(resolved, info, document, args.prompt,
+                                                             max_tokens=args.max_tokens))
     elif args.memory_file is not None or args.keep_memory:
         raise ValueError("--memory-file/--keep-memory with the document memory off: drop them, or use "
                          "--memory-blocks M")

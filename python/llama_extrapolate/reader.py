@@ -98,10 +98,11 @@ def document_tokens(info, document: str, question: str) -> int:
         vocab.close()
 
 
-def memory_capacity(info, document: str, question: str, *, max_tokens: int) -> int:
+def memory_capacity(resolved, info, document: str, question: str, *, max_tokens: int) -> int:
     """Tokens the document memory must hold for this document, its question and the answer (and the chat
-    template's few tokens): its file is reserved for them before reading starts."""
-    return document_tokens(info, document, question) + 256 + max_tokens
+    template's few tokens): its file is reserved for them before reading starts. Never less than the blocks it
+    selects (a short document leaves most of them unused)."""
+    return max(document_tokens(info, document, question) + 256 + max_tokens, resolved.memory_cells)
 
 
 def chat_prompt_tokens(llm, messages: List[dict]) -> Optional[List[int]]:
