@@ -47,8 +47,6 @@ def run_retrieval(args) -> None:
 
 
 def run_cost(args) -> None:
-    import numpy as np
-
     import llama_extrapolate as le
     from llama_extrapolate import native
     from llama_extrapolate.corpora import paul_graham_essays

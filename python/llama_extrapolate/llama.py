@@ -287,7 +287,7 @@ class Llama(llama_cpp.Llama):
             try:
                 self._ctx.decode(self._batch)
             except RuntimeError as exc:
-                why = native.memory_last_error(self._attention_context("eval")) if self.attention_resolved.memory else ""
+                why = native.memory_last_error(self._attention_context("eval"))
                 if why:
                     raise RuntimeError(f"{exc}: document memory: {why}") from None
                 raise

@@ -170,6 +170,7 @@ def memory_read_block(ctx: int, block: int, layer: int, kv_head: int) -> Tuple[n
 
 
 def memory_last_error(ctx: int) -> str:
+    """Why the document memory failed the last decode ("" when it did not, or there is none)."""
     return str(_core.memory_last_error(ctx))
 
 
@@ -350,6 +351,9 @@ class Stream:
                 self.n_past = context_shift(self.ctx, self.n_past, self.context_shift)
             rc = decode(self.ctx, self.batch, chunk, self.n_past, logits=logits)
             if rc != 0:
+                why = memory_last_error(context_address(self.ctx))
+                if why:
+                    raise RuntimeError(f"llama_decode returned {rc} at position {self.n_past}: document memory: {why}")
                 raise RuntimeError(f"llama_decode returned {rc} at position {self.n_past} (the KV cache of "
                                    f"{self.cells} cells is full or the decode was aborted): {self.full_hint}")
             self.n_past += n
