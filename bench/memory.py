@@ -10,10 +10,10 @@ rerun resumes), and ``memory_<task>.png`` is the heatmap.
 
 ``cost``: one essay stream read with the bounded Lambda cache, then with the memory (question scope): tokens/s,
 peak RSS, bytes on disk per token and in RAM, and the time from the end of the reading to the first answer
-token (``bench/results/memory_cost.json``).
+token (``bench/results/memory_cost.json``, one entry per length and window: a run replaces its own entry).
 
     python bench/memory.py retrieval [--task passkey] [--lengths 4096,8192,16384] [--trials 2]
-    python bench/memory.py cost [--tokens 16384]
+    python bench/memory.py cost [--tokens 16384] [--window 1024]
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def run_cost(args) -> None:
     from llama_extrapolate.default_model import default_model_path
     from llama_extrapolate.evaluate import setup_for
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
+    from tqdm import tqdm
 
     model = str(default_model_path())
     info = le.read_model_info(model)
@@ -60,6 +61,8 @@ def run_cost(args) -> None:
     tokens = vocab.tokenize(paul_graham_essays().encode("utf-8"), add_bos=True)[:args.tokens]
     question = vocab.tokenize(b"\nWhat is the first sentence of the text above?", add_bos=False)
     vocab.close()
+    if len(tokens) < args.tokens:
+        raise SystemExit(f"--tokens {args.tokens}: the essays have only {len(tokens)} tokens")
     out = {"tokens": len(tokens), "window": args.window, "threads": args.threads, "configs": {}}
     for name in ("lambda", "lambda+memory"):
         st = setup_for(name, info, len(tokens) + len(question) + 16, args.n_batch, window=args.window)
@@ -68,7 +71,9 @@ def run_cost(args) -> None:
                        n_threads=args.threads, verbose=False, **st.llama_kwargs())
         try:
             t0 = time.perf_counter()
-            llm.eval(tokens)
+            step = 8 * args.n_batch
+            for i in tqdm(range(0, len(tokens), step), desc=f"{name} reading", unit="chunk"):
+                llm.eval(tokens[i:i + step])
             read_s = time.perf_counter() - t0
             if st.top_k_question:
                 llm.set_top_k_active(True)
@@ -87,15 +92,23 @@ def run_cost(args) -> None:
     lam, mem = out["configs"]["lambda"], out["configs"]["lambda+memory"]
     out["read_speed_ratio"] = mem["read_tok_s"] / lam["read_tok_s"]
     out["peak_rss_ratio"] = mem["peak_rss_bytes"] / lam["peak_rss_bytes"]
-    (RESULTS / "memory_cost.json").write_text(json.dumps(out, indent=1))
+    path = RESULTS / "memory_cost.json"
+    runs = cost_runs(json.loads(path.read_text())) if path.exists() else []
+    runs = [r for r in runs if (r["tokens"], r["window"]) != (out["tokens"], out["window"])] + [out]
+    path.write_text(json.dumps({"runs": sorted(runs, key=lambda r: (r["window"], r["tokens"]))}, indent=1))
     print(json.dumps({k: out[k] for k in ("read_speed_ratio", "peak_rss_ratio")}))
+
+
+def cost_runs(d: dict) -> list:
+    """The runs of a memory_cost.json (a file of one run, as first written, is a list of one)."""
+    return d["runs"] if "runs" in d else [d]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("retrieval")
-    r.add_argument("--task", choices=["passkey", "needle"], default="passkey")
+    r.add_argument("--task", choices=["passkey", "needle", "needle-multi"], default="passkey")
     r.add_argument("--lengths", default="4096,8192,16384")
     r.add_argument("--configs", default="lambda,lambda+memory")
     r.add_argument("--trials", type=int, default=2)

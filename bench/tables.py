@@ -396,16 +396,20 @@ def table_memory_passkey(r: Path) -> str:
 
 
 def table_memory_cost(r: Path) -> str:
-    """Reading speed, question time, cache, peak RSS and disk of one essay stream, bounded Λ vs the memory."""
+    """Reading speed, question time, cache, peak RSS and disk of essay streams, bounded Λ vs the memory, with the
+    memory's ratios to the bounded stream (reading speed, peak RSS)."""
     d = load("memory_cost.json", r)
     rows = []
-    for name, e in d["configs"].items():
-        mem = e.get("memory")
-        rows.append([MEMORY_LABELS.get(name, name), f(e["read_tok_s"], 1), f(e["question_s"], 3), e["n_ctx"],
-                     f(e["peak_rss_bytes"] / MIB, 0), f(e["disk_bytes_per_token"], 0) if mem else DASH,
-                     f(mem["bytes_in_ram"] / MIB, 1) if mem else DASH])
-    return md([f"{k(d['tokens'])} tokens, W = {d['window']}", "read tok/s", "question s", "KV cells", "peak RSS MiB",
-               "disk bytes/token", "memory RAM MiB"], rows)
+    for run in (d["runs"] if "runs" in d else [d]):
+        for name, e in run["configs"].items():
+            mem = e.get("memory")
+            rows.append([f"{k(run['tokens'])}, W = {run['window']}", MEMORY_LABELS.get(name, name),
+                         f(e["read_tok_s"], 1), f(e["question_s"], 3), e["n_ctx"], f(e["peak_rss_bytes"] / MIB, 0),
+                         f(e["disk_bytes_per_token"], 0) if mem else DASH,
+                         f(mem["bytes_in_ram"] / MIB, 1) if mem else DASH,
+                         f"{run['read_speed_ratio']:.2f}× / {run['peak_rss_ratio']:.2f}×" if mem else DASH])
+    return md(["tokens", "configuration", "read tok/s", "question s", "KV cells", "peak RSS MiB", "disk bytes/token",
+               "memory RAM MiB", "speed / RSS vs Λ"], rows)
 
 
 # --- registry ---------------------------------------------------------------------------------------------------

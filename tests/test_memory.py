@@ -262,3 +262,57 @@ def test_run_with_the_memory_on_a_short_document(tiny, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 0, err
     assert "blocks of 64" in err and "16 selected per head" in err
+
+
+def test_a_state_holds_the_memory_and_the_stream_goes_on_the_same(tiny):
+    """Saved after the document (blocks on disk, a block half filled), restored into a new context whose memory
+    is empty: the question selects the same blocks and gives the same logits as the stream that never stopped."""
+    model, path, tokens = tiny
+    doc = QUESTION - 7  # the store's last block is not complete: its pending tokens go with the state
+    assert (doc - S) % B != 0
+    a = make_llm(path, memory_config())
+    b = make_llm(path, memory_config())
+    try:
+        a.set_top_k_active(False)
+        a.eval(tokens[:doc])
+        state = a.save_state()
+        saved = a.memory_info()
+        a.set_top_k_active(True)
+        a.eval(tokens[doc:])
+        want = np.asarray(a.scores[doc:len(tokens)], dtype=np.float64)
+        want_sel = {il: a.memory_selection(il) for il in range(H0, model.n_layer)}
+
+        b.set_top_k_active(False)
+        b.eval(tokens[:40])  # something in b's memory that the state must replace
+        b.load_state(state)
+        assert b.memory_info()["n_tokens"] == saved["n_tokens"] == doc - S
+        b.set_top_k_active(True)
+        b.eval(tokens[doc:])
+        got = np.asarray(b.scores[doc:len(tokens)], dtype=np.float64)
+        for il in range(H0, model.n_layer):
+            np.testing.assert_array_equal(b.memory_selection(il), want_sel[il])
+        assert (want_sel[H0] >= 0).all()  # the memory was selecting, not plain Lambda
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_memory_state_into_another_memory_is_refused_with_the_reason(tiny):
+    model, path, tokens = tiny
+    a = make_llm(path, memory_config())
+    try:
+        a.set_top_k_active(False)
+        a.eval(tokens[:200])
+        state = a.save_state()
+    finally:
+        a.close()
+    for kw, words in [({"memory_type": "f16"}, "another layout"), ({"memory_capacity": 128}, "capacity of at least")]:
+        b = make_llm(path, memory_config(), **kw)
+        try:
+            with pytest.raises(Exception) as e:
+                b.load_state(state)
+            # llama-cpp-python raises a bare "Failed to set llama state data": the reason is in llama.cpp's log
+            assert "state" in str(e.value).lower()
+        finally:
+            b.close()

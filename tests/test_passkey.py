@@ -114,3 +114,40 @@ def test_corpus_archive_with_a_wrong_digest_is_refused(tmp_path, monkeypatch):
         corpora.shakespeare()
     with pytest.raises(ValueError, match="corpus 'war-and-peace'"):
         corpora.load_corpus("war-and-peace")
+
+
+def test_multi_key_needle_has_the_asked_word_and_distractors(smol_tokenize):
+    import re
+
+    from llama_extrapolate import tasks
+    from llama_extrapolate.corpora import paul_graham_essays
+
+    hay = paul_graham_essays()
+    single = tasks.needle_prompt(smol_tokenize, hay, 1500, 0.5, np.random.default_rng(2))
+    same = tasks.needle_prompt(smol_tokenize, hay, 1500, 0.5, np.random.default_rng(2), distractors=0)
+    assert same.tokens == single.tokens and same.key == single.key  # the single needle is unchanged
+    p = tasks.needle_prompt(smol_tokenize, hay, 2000, 0.25, np.random.default_rng(3), distractors=3)
+    assert 1850 <= len(p.tokens) <= 2020
+    text = "".join(smol_tokenize_text(smol_tokenize, p.tokens))
+    lines = re.findall(r"special magic numbers for ([a-z-]+) is: (\d+)", text)
+    assert len(lines) == 4 and len({w for w, _ in lines}) == 4
+    asked = re.search(r"magic number for ([a-z-]+) mentioned", text).group(1)
+    assert dict(lines)[asked] == p.key
+    # the asked needle is at its depth, the others wherever they fell
+    at = text.index(f"for {asked} is: {p.key}")
+    assert abs(at / len(text) - 0.25) < 0.08
+    with pytest.raises(ValueError, match="distractors"):
+        tasks.needle_prompt(smol_tokenize, hay, 2000, 0.25, np.random.default_rng(3), distractors=10)
+
+
+def smol_tokenize_text(tokenize, ids):
+    """The text of token ids, through the default model's vocabulary (the fixture only tokenizes)."""
+    import llama_cpp
+
+    from llama_extrapolate.default_model import default_model_path
+
+    vocab = llama_cpp.Llama(str(default_model_path()), n_ctx=64, vocab_only=True, verbose=False)
+    try:
+        return vocab.detokenize(ids).decode("utf-8", errors="replace")
+    finally:
+        vocab.close()

@@ -198,16 +198,20 @@ def test_run_saves_the_document_once_and_answers_later_questions_from_it(tmp_pat
         out = capsys.readouterr()
         return out.out, out.err
 
-    # --state does not hold the document memory yet, so it reads without it: compare with plain runs without it
-    plain_a, _ = run("What jumps?", "--quiet", "--memory-blocks", "0")
-    plain_b, _ = run("Who is lazy?", "--quiet", "--memory-blocks", "0")
-    first, err = run("What jumps?", "--state", str(state))
+    # the document memory (on by default) goes with the state: small blocks so that it selects in this document
+    mem = ["--memory-blocks", "2", "--memory-block-size", "32"]
+    plain_a, _ = run("What jumps?", "--quiet", *mem)
+    plain_b, _ = run("Who is lazy?", "--quiet", *mem)
+    first, err = run("What jumps?", "--state", str(state), *mem)
     assert "none for this document and settings; reading, then saving it" in err
-    assert "document memory off: --state does not save it yet" in err
+    assert "document memory off" not in err and ", memory " in err and "blocks of 32" in err
     assert state.is_file() and reads and first == plain_a
-    again, err = run("Who is lazy?", "--state", str(state))
+    again, err = run("Who is lazy?", "--state", str(state), *mem)
     assert "restored (" in err and reads == []  # the document was not read again
     assert again == plain_b
+    # without the memory the same file is another setting: read again
+    _, err = run("Who is lazy?", "--state", str(state), "--memory-blocks", "0")
+    assert "none for this document" in err and reads
     # another document, or other settings, do not use the state: read again and saved anew
     doc.write_text("A slow green turtle walks under the busy bridge. " * 40)
     _, err = run("What walks?", "--state", str(state))
@@ -216,5 +220,7 @@ def test_run_saves_the_document_once_and_answers_later_questions_from_it(tmp_pat
     assert "none for this document" in err
     assert cli.main(base + ["--prompt", "q", "--state", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
-    assert cli.main(base + ["--prompt", "q", "--state", str(state), "--top-k", "2", "--top-k-layer", "1"]) == 2
+    # plain top-k middle keys (memory off) keep unrotated keys a state does not hold: refused with the reason
+    assert cli.main(base + ["--prompt", "q", "--state", str(state), "--memory-blocks", "0", "--top-k", "2",
+                            "--top-k-layer", "1"]) == 2
     assert "--state with --top-k 2: top_k=2 on a RoPE model" in capsys.readouterr().err

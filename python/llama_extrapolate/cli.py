@@ -180,10 +180,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     info = read_model_info(model)
     notes = []
     if args.memory_blocks is None:
-        # the memory is on by default where it can be: RoPE, a window, no --state (which does not hold it yet)
-        if args.state is not None:
-            notes.append("document memory off: --state does not save it yet (--memory-blocks 0 to say so)")
-        elif info.position_encoding != "rope":
+        # the memory is on by default where it can be: RoPE and a window (--state saves it with the stream)
+        if info.position_encoding != "rope":
             notes.append(f"document memory off: it needs RoPE and {info.architecture} uses {info.position_encoding}")
         elif args.window == 0:
             notes.append("document memory off: full attention (--window 0) keeps every key")
@@ -465,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="passkey retrieval (or a needle in essays) by length and depth",
                         description="Hides a number at each depth of inputs of each length and asks for it; "
                                     "accuracy by configuration, length and depth as JSON (resumable) + heatmap PNG.")
-    pk.add_argument("--task", choices=["passkey", "needle"], default="passkey")
+    pk.add_argument("--task", choices=["passkey", "needle", "needle-multi"], default="passkey")
     pk.add_argument("--lengths", default="4096,8192,16384", help="input lengths in tokens, comma-separated")
     pk.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="key positions as fractions, comma-separated")
     pk.add_argument("--trials", type=int, default=3)

@@ -115,12 +115,13 @@ class ResolvedAttention:
     def state_refusal(self, position_encoding: str) -> Optional[str]:
         """Why llama.cpp will not write a state of this stream, or None when it will.
 
-        With top-k middle keys on a RoPE model the cache also holds the keys before rotation (patch 0014), and
-        the state carries only the rotated ones (patch 0016 refuses to write it): saving, checkpoints and
-        ``run --state`` all ask here, so they refuse before any work is done rather than after it."""
+        With top-k middle keys over the cache on a RoPE model the cache also holds the keys before rotation
+        (patch 0007), and the state carries only the rotated ones (patch 0009 refuses to write it): saving,
+        checkpoints and ``run --state`` all ask here, so they refuse before any work is done rather than after
+        it. With the document memory the state holds the memory (its blocks and the block being filled, patch
+        0010), and the unrotated keys are not needed: only the memory's own cells are middle keys."""
         if self.memory_blocks > 0:
-            return (f"memory_blocks={self.memory_blocks}: the state does not hold the document memory (its store "
-                    "and the unrotated keys) yet; read the document again, or use memory_blocks=0 to save states")
+            return None
         if self.top_k > 0 and position_encoding == "rope":
             return (f"top_k={self.top_k} on a RoPE model: the state does not hold the unrotated keys the top-k "
                     "middle keys are scored with; use top_k=0 to save states, or read the document again")

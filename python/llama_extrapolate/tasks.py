@@ -3,8 +3,11 @@
 Passkey: a number hidden at a chosen depth in repeated filler ("The grass is
 green. ..."), asked for at the end. Needle: "One of the special magic numbers
 for <word> is: <number>." placed at a sentence boundary in real essay text.
-Both are scored by greedy decoding: correct when the first number generated
-is the hidden one. Every configuration reads the same prompts (same seed).
+Multi-key needle (RULER's MK-NIAH): the same, with three more such lines for
+other words at random depths, so that the model must retrieve the number of the
+word asked, not any number that stands out. All are scored by greedy decoding:
+correct when the first number generated is the hidden one. Every configuration
+reads the same prompts (same seed).
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ NEEDLE_QUESTION = ("\n\nWhat is the special magic number for {word} mentioned in
 NEEDLE_WORDS = ("amber-falcon", "quiet-harbor", "silver-orchard", "northern-lantern", "velvet-canyon",
                 "copper-meadow", "hollow-summit", "crimson-tide", "lucky-pebble", "distant-willow")
 
-TASKS = ("passkey", "needle")
+NEEDLE_DISTRACTORS = 3  # needle-multi: lines for other words besides the one asked
+
+TASKS = ("passkey", "needle", "needle-multi")
 
 
 @dataclass
@@ -80,12 +85,18 @@ def passkey_prompt(tokenize: Callable[[str, bool], List[int]], length: int, dept
 
 
 def needle_prompt(tokenize: Callable[[str, bool], List[int]], haystack: str, length: int, depth: float,
-                  rng: np.random.Generator) -> Prompt:
-    """The essays cut to about ``length`` tokens with a magic number at the sentence boundary nearest ``depth``."""
+                  rng: np.random.Generator, distractors: int = 0) -> Prompt:
+    """The essays cut to about ``length`` tokens with a magic number at the sentence boundary nearest ``depth``;
+    ``distractors`` more lines give numbers for other words at random depths (the multi-key needle)."""
     key = str(int(rng.integers(1_000_000, 10_000_000)))
     word = NEEDLE_WORDS[int(rng.integers(len(NEEDLE_WORDS)))]
+    if not 0 <= distractors < len(NEEDLE_WORDS):
+        raise ValueError(f"distractors={distractors}: use 0 to {len(NEEDLE_WORDS) - 1} (one word each)")
     needle, question = NEEDLE_LINE.format(word=word, key=key), NEEDLE_QUESTION.format(word=word)
-    budget = length - len(tokenize(needle + question, True))
+    rest = [w for w in NEEDLE_WORDS if w != word]
+    others = [(float(rng.random()), NEEDLE_LINE.format(word=rest[int(i)], key=int(rng.integers(1_000_000, 10_000_000))))
+              for i in (rng.permutation(len(rest))[:distractors] if distractors else [])]
+    budget = length - len(tokenize(needle + question + "".join(line + " " for _, line in others), True))
     if budget <= 0:
         raise ValueError(f"length={length} leaves no room for the essay text: use a length above "
                          f"{length - budget}")
@@ -95,10 +106,18 @@ def needle_prompt(tokenize: Callable[[str, bool], List[int]], haystack: str, len
     if len(ids) < budget:
         raise ValueError(f"the haystack has {len(ids)} tokens, fewer than the {budget} needed for length={length}")
     text = llama_detok(tokenize, ids[:budget], sample)
-    cut = int(depth * len(text))
     ends = [m.end() for m in re.finditer(r"[.!?]\s", text)]
-    at = min(ends, key=lambda e: abs(e - cut)) if ends and 0 < depth < 1 else (0 if depth <= 0 else len(text))
-    document = text[:at] + needle + " " + text[at:]
+    def boundary(d: float) -> int:
+        return min(ends, key=lambda e: abs(e - int(d * len(text)))) if ends and 0 < d < 1 else (0 if d <= 0 else len(text))
+
+    at = boundary(depth)
+    # the distractors first, at boundaries of the text before the needle goes in (the needle's place is kept)
+    inserts = sorted([(boundary(d), line + " ") for d, line in others] + [(at, needle + " ")], key=lambda x: x[0])
+    document, prev = "", 0
+    for pos, line in inserts:
+        document += text[prev:pos] + line
+        prev = pos
+    document += text[prev:]
     tokens = tokenize(document + question, True)
     return Prompt(tokens, key, depth, length, _question_start(tokenize, document, tokens))
 
@@ -159,7 +178,7 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
     from .model_info import read_model_info
 
     if task not in TASKS:
-        raise ValueError(f"task {task!r}: use 'passkey' or 'needle'")
+        raise ValueError(f"task {task!r}: use one of {', '.join(TASKS)}")
     if trials < 1:
         raise ValueError(f"trials={trials} must be >= 1")
     bad = [d for d in depths if not 0.0 <= d <= 1.0]
@@ -181,7 +200,7 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
         write_json_atomic(out_path, results, indent=1)
 
     vocab = load_tokenizer(model)
-    haystack = paul_graham_essays() if task == "needle" else ""
+    haystack = paul_graham_essays() if task.startswith("needle") else ""
 
     def tokenize(text: str, bos: bool) -> List[int]:
         return vocab.tokenize(text.encode("utf-8"), add_bos=bos)
@@ -192,7 +211,8 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
             for k in range(trials):
                 rng = np.random.default_rng([seed, L, int(round(d * 1000)), k])
                 prompts[(L, d, k)] = (passkey_prompt(tokenize, L, d, rng) if task == "passkey"
-                                      else needle_prompt(tokenize, haystack, L, d, rng))
+                                      else needle_prompt(tokenize, haystack, L, d, rng,
+                                                         NEEDLE_DISTRACTORS if task == "needle-multi" else 0))
     vocab.close()
 
     total = len(configs) * len(prompts)
