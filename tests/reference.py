@@ -34,6 +34,9 @@ class RefAttention:
     # then the tokens of its blocks (block b: positions sinks + b*memory_block .. + memory_block - 1)
     memory_blocks: Optional[dict] = None
     memory_block: int = 0
+    # the keys a query no longer sees in the block at the window's edge (not wholly behind the window of its
+    # ubatch's first query, so not selectable) are middle keys too; False: as the library did before they were
+    memory_edge: bool = True
 
     def middle(self, p: int, j: np.ndarray) -> np.ndarray:
         return (j <= p) & (j >= self.sinks) & (p - j >= self.window) if self.window > 0 else np.zeros(len(j), bool)
@@ -201,7 +204,9 @@ def _memory_heads(q_i, kh, vh, keys, logits, positions, cfg, layer, tau, group, 
     H = q_i.shape[0]
     out = np.zeros((H, q_i.shape[1]))
     sel = cfg.memory_blocks[layer]
+    starts = [cfg.top_k_from]
     if isinstance(sel, dict):
+        starts = list(sel)
         sel = sel[max(start for start in sel if start <= p)]
     sel = np.asarray(sel)
     if (sel < 0).any():  # the ubatch had fewer than m selectable blocks: the memory added nothing
@@ -209,10 +214,18 @@ def _memory_heads(q_i, kh, vh, keys, logits, positions, cfg, layer, tau, group, 
         w /= w.sum(axis=1, keepdims=True)
         return np.einsum("hk,khd->hd", w, vh[keys])
     B = cfg.memory_block
+    # the keys the query no longer sees in blocks the ubatch could not select (not wholly behind the window of
+    # its first query): the block at the window's edge, a middle key of every head
+    first = max(start for start in starts if start <= p)
+    n_sel = max(0, first - cfg.sinks - cfg.window + 1) // B
+    hidden = np.nonzero(cfg.middle(p, positions))[0]
+    edge = hidden[(positions[hidden] - cfg.sinks) // B >= n_sel] if cfg.memory_edge else hidden[:0]
     for h in range(H):
         toks = (cfg.sinks + sel[h // group][:, None] * B + np.arange(B)[None, :]).ravel()
         mid = np.nonzero(np.isin(positions, toks))[0]
         assert len(mid) == len(toks), "a selected block lies outside the sequence"
+        assert not np.isin(mid, edge).any(), "a selected block is not wholly behind the window"
+        mid = np.concatenate([mid, edge])
         d_mid = np.full(len(mid), cfg.top_k_distance)
         mid_logits = _scores(q_i, kh[mid], d_mid, D, rope_base, neox, alibi_slopes)[h] / tau[h]
         order = np.argsort(-mid_logits, kind="stable")

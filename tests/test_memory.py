@@ -46,8 +46,10 @@ def make_llm(path, attention, ubatch=64, **kw):
 
     kw.setdefault("memory_type", "f32")
     kw.setdefault("memory_capacity", 512)
-    return llama_extrapolate.Llama(str(path), attention=attention, n_ctx=512, n_batch=ubatch, n_ubatch=ubatch,
-                                   n_threads=2, logits_all=True, verbose=False, type_k=0, type_v=0, **kw)
+    kw.setdefault("n_ctx", 512)
+    kw.setdefault("logits_all", True)
+    return llama_extrapolate.Llama(str(path), attention=attention, n_batch=ubatch, n_ubatch=ubatch,
+                                   n_threads=2, verbose=False, type_k=0, type_v=0, **kw)
 
 
 def read_and_ask(llm, tokens, question=QUESTION):
@@ -93,6 +95,49 @@ def test_logits_equal_the_oracle_given_the_selected_blocks(tiny, asked):
     np.testing.assert_array_equal(got[:QUESTION].argmax(1), plain[:QUESTION].argmax(1))
     err = np.abs(got - ref).max()
     assert err < TOL, f"max |llama.cpp - oracle| = {err}"
+
+
+def test_the_keys_at_the_windows_edge_are_middle_keys(tiny, asked):
+    """The question's first query has keys behind its window whose block is not wholly behind it (not selectable);
+    they stay in the cache as middle keys, so no key is out of reach (the blind spot the first memory had)."""
+    model, _, tokens = tiny
+    got, sel, _, _ = asked
+    n_sel = (QUESTION - S - W + 1) // B
+    assert QUESTION - W >= S + n_sel * B, "this question must have keys at the window's edge"
+    cfg = dict(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0, top_k_distance=D, top_k_from=QUESTION,
+               memory_blocks=sel, memory_block=B)
+    with_edge = forward(model, tokens, RefAttention(**cfg))
+    without = forward(model, tokens, RefAttention(**cfg, memory_edge=False))
+    assert np.abs(with_edge - without)[QUESTION:].max() > 10 * TOL, "the edge keys must change the answer here"
+    assert np.abs(got - without).max() > 10 * TOL
+    assert np.abs(got - with_edge).max() < TOL
+
+
+def test_the_smallest_cache_holds_the_keys_at_the_windows_edge(tiny, asked):
+    """A cache of required_n_ctx cells (one block more than the window needs) keeps every key of the block at the
+    window's edge while it reads far past its size: the same logits as the roomy cache of `asked`."""
+    from llama_extrapolate import read_model_info
+
+    _, path, tokens = tiny
+    got, _, _, _ = asked
+    cfg = memory_config(rollback=0)
+    n_ctx = cfg.resolve(read_model_info(str(path))).required_n_ctx(64, stream=0)
+    assert n_ctx == S + W + 64 + M * B + B < N_TOKENS
+    llm = make_llm(path, cfg, n_ctx=n_ctx, logits_all=False)  # the stream outgrows n_ctx: the last logits only
+
+    def last():
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float64)
+
+    try:
+        llm.eval(tokens[:QUESTION])
+        read = last()
+        llm.set_top_k_active(True)
+        llm.eval(tokens[QUESTION:])
+        answer = last()
+    finally:
+        llm.close()
+    np.testing.assert_allclose(read, got[QUESTION - 1], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(answer, got[N_TOKENS - 1], atol=1e-4, rtol=0)
 
 
 def test_the_store_holds_every_token_after_the_sinks_unrotated(tiny, asked):

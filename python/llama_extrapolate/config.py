@@ -78,6 +78,12 @@ class ResolvedAttention:
         return self.memory_blocks * self.memory_block_size
 
     @property
+    def memory_edge_cells(self) -> int:
+        """With the memory a key stays cached until its whole block has left the window (the question selects
+        whole blocks behind its window and takes the keys of the block at the edge from the cache): one block more."""
+        return self.memory_block_size if self.memory else 0
+
+    @property
     def lambda_mask(self) -> bool:
         return self.window > 0
 
@@ -137,7 +143,8 @@ class ResolvedAttention:
         """The cache must hold the sinks, the window, the rollback margin and one ubatch."""
         need = self.required_n_ctx(n_ubatch, stream=0)
         if self.bounded_cache and n_ctx < need:
-            memory = f" + memory cells {self.memory_cells}" if self.memory_cells else ""
+            memory = (f" + memory cells {self.memory_cells} + the block at the window's edge {self.memory_edge_cells}"
+                      if self.memory_cells else "")
             raise ValueError(
                 f"window={self.window} with sinks={self.sinks} and rollback={self.rollback} needs "
                 f"n_ctx >= sinks + window + rollback + n_ubatch{memory} = {need}, got n_ctx={n_ctx}: raise n_ctx or "
@@ -148,7 +155,7 @@ class ResolvedAttention:
         """Smallest n_ctx for a stream of `stream` tokens: bounded with a window, the whole stream without
         (or with top-k middle keys)."""
         if self.bounded_cache:
-            return self.sinks + self.window + self.rollback + n_ubatch + self.memory_cells
+            return self.sinks + self.window + self.rollback + n_ubatch + self.memory_cells + self.memory_edge_cells
         return stream
 
 
