@@ -6,8 +6,9 @@ are chosen among their keys, scored at distance D. Two things are checked separa
 
 - given the blocks the library selected (``Llama.memory_selection``), its logits equal the oracle's;
 - the selection itself equals an exhaustive scorer's: the bound q.center + |q|.radius of every block computed
-  in numpy from the stored keys (``native.memory_read_block``) and the oracle's queries, the top m of the max over
-  the ubatch's queries and the group's heads, among the blocks hidden from its first query.
+  in numpy from the stored keys (``native.memory_read_block``; the summaries in F16 as the library keeps them)
+  and the oracle's queries, the top m of the max over the ubatch's queries and the group's heads, among the
+  blocks hidden from its first query.
 
 The caches and the store are F32 here, so the comparison is exact up to float32 arithmetic.
 """
@@ -159,6 +160,19 @@ def test_the_store_holds_every_token_after_the_sinks_unrotated(tiny, asked):
     assert reference  # the oracle module is the one the values come from
 
 
+def f16_summary(keys):
+    """Quest's summary of a block as the library keeps it: per channel center and radius of the keys in F16,
+    the radius widened by the center's rounding and rounded up (float64 for the products)."""
+    lo, hi = keys.min(0).astype(np.float32), keys.max(0).astype(np.float32)
+    center = np.float32(0.5) * (hi + lo)
+    c16 = center.astype(np.float16)
+    radius = np.float32(0.5) * (hi - lo) + np.abs(center - c16.astype(np.float32))
+    r16 = radius.astype(np.float16)
+    up = r16.astype(np.float32) < radius
+    r16[up] = np.nextafter(r16[up], np.float16(np.inf))
+    return c16.astype(np.float64), r16.astype(np.float64)
+
+
 def test_selection_equals_an_exhaustive_bound(tiny, asked):
     model, _, tokens = tiny
     _, sel, info, stored = asked
@@ -175,8 +189,10 @@ def test_selection_equals_an_exhaustive_bound(tiny, asked):
             bound = []
             for b in range(n_sel):
                 k, _ = stored[(b, il, g)]
-                lo, hi = k.min(0), k.max(0)
-                bound.append(np.maximum(qg * lo, qg * hi).sum(1).max())
+                center, radius = f16_summary(k)
+                bound.append((qg @ center + np.abs(qg) @ radius).max())
+                # still a bound of q.k over the block's keys, after the F16 rounding
+                assert ((qg @ center + np.abs(qg) @ radius)[:, None] >= qg @ k.T.astype(np.float64) - 1e-9).all()
             bound = np.asarray(bound)
             order = np.argsort(-bound, kind="stable")
             assert bound[order[M - 1]] - bound[order[M]] > 1e-3 * abs(bound[order[M - 1]])

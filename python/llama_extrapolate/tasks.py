@@ -220,7 +220,8 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, desc=task, unit="trial", initial=sum(1 for x in done if x[0] in configs))
+        bar = tqdm(total=total, desc=task, unit="trial",
+                   initial=sum(1 for x in done if x[0] in configs and (x[1], x[2], x[3]) in prompts))
     try:
         for name in configs:
             todo = [(k, p) for k, p in prompts.items() if (name, k[0], k[1], k[2]) not in done]
