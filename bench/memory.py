@@ -93,15 +93,10 @@ def run_cost(args) -> None:
     out["read_speed_ratio"] = mem["read_tok_s"] / lam["read_tok_s"]
     out["peak_rss_ratio"] = mem["peak_rss_bytes"] / lam["peak_rss_bytes"]
     path = RESULTS / "memory_cost.json"
-    runs = cost_runs(json.loads(path.read_text())) if path.exists() else []
+    runs = json.loads(path.read_text())["runs"] if path.exists() else []
     runs = [r for r in runs if (r["tokens"], r["window"]) != (out["tokens"], out["window"])] + [out]
     path.write_text(json.dumps({"runs": sorted(runs, key=lambda r: (r["window"], r["tokens"]))}, indent=1))
     print(json.dumps({k: out[k] for k in ("read_speed_ratio", "peak_rss_ratio")}))
-
-
-def cost_runs(d: dict) -> list:
-    """The runs of a memory_cost.json (a file of one run, as first written, is a list of one)."""
-    return d["runs"] if "runs" in d else [d]
 
 
 def main(argv=None) -> int:

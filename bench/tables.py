@@ -400,7 +400,7 @@ def table_memory_cost(r: Path) -> str:
     memory's ratios to the bounded stream (reading speed, peak RSS)."""
     d = load("memory_cost.json", r)
     rows = []
-    for run in (d["runs"] if "runs" in d else [d]):
+    for run in d["runs"]:
         for name, e in run["configs"].items():
             mem = e.get("memory")
             rows.append([f"{k(run['tokens'])}, W = {run['window']}", MEMORY_LABELS.get(name, name),

@@ -142,11 +142,10 @@ def test_multi_key_needle_has_the_asked_word_and_distractors(smol_tokenize):
 
 def smol_tokenize_text(tokenize, ids):
     """The text of token ids, through the default model's vocabulary (the fixture only tokenizes)."""
-    import llama_cpp
-
+    from llama_extrapolate import native
     from llama_extrapolate.default_model import default_model_path
 
-    vocab = llama_cpp.Llama(str(default_model_path()), n_ctx=64, vocab_only=True, verbose=False)
+    vocab = native.load_tokenizer(default_model_path())
     try:
         return vocab.detokenize(ids).decode("utf-8", errors="replace")
     finally:
