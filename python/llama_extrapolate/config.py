@@ -125,7 +125,8 @@ class ResolvedAttention:
         (patch 0007), and the state carries only the rotated ones (patch 0009 refuses to write it): saving,
         checkpoints and ``run --state`` all ask here, so they refuse before any work is done rather than after
         it. With the document memory the state holds the memory (its blocks and the block being filled, patch
-        0010) and the unrotated keys of the cells (those of the block at the window's edge are middle keys)."""
+        0010); its middle keys in the cache (the block at the window's edge) are rotated back from the cached
+        keys, so the cache keeps no unrotated copy a state would lack."""
         if self.memory_blocks > 0:
             return None
         if self.top_k > 0 and position_encoding == "rope":
