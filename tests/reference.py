@@ -287,8 +287,9 @@ def gelu(x):
 
 def forward_mpt(model: TinyMPT, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
                 stats: Optional[RefStats] = None, margin: Optional[TopKMargin] = None,
-                f16_cache: bool = False) -> np.ndarray:
-    """Logits (T, n_vocab) of a tiny MPT-like (ALiBi) model (f16_cache: K and V rounded to half precision)."""
+                f16_cache: bool = False, capture: Optional[dict] = None) -> np.ndarray:
+    """Logits (T, n_vocab) of a tiny MPT-like (ALiBi) model (f16_cache: K and V rounded to half precision;
+    capture: layer -> (q, k, v), filled when given)."""
     cfg = cfg or RefAttention()
     w = {name: t.astype(np.float64) for name, t in model.weights.items()}
     tokens = np.asarray(tokens)
@@ -300,6 +301,8 @@ def forward_mpt(model: TinyMPT, tokens: Sequence[int], cfg: Optional[RefAttentio
         h = layer_norm(x, w[f"blk.{il}.attn_norm.weight"], w[f"blk.{il}.attn_norm.bias"], model.norm_eps)
         qkv = h @ w[f"blk.{il}.attn_qkv.weight"].T
         q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(T, H, D) for i in range(3))
+        if capture is not None:
+            capture[il] = (q, k, v)
         a = attention(q, k, v, positions, cfg, il, rope_base=0.0, alibi_slopes=slopes, stats=stats, margin=margin,
                       f16_cache=f16_cache)
         x = x + a.reshape(T, d) @ w[f"blk.{il}.attn_output.weight"].T

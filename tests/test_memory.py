@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import random_tokens
-from reference import RefAttention, TopKMargin, forward, rope_angles, rotate
+from reference import RefAttention, TopKMargin, forward, forward_mpt, rope_angles, rotate
 
 N_TOKENS = 300
 QUESTION = 250
@@ -193,6 +193,66 @@ def test_selection_equals_an_exhaustive_bound(tiny, asked):
                 bound.append((qg @ center + np.abs(qg) @ radius).max())
                 # still a bound of q.k over the block's keys, after the F16 rounding
                 assert ((qg @ center + np.abs(qg) @ radius)[:, None] >= qg @ k.T.astype(np.float64) - 1e-9).all()
+            bound = np.asarray(bound)
+            order = np.argsort(-bound, kind="stable")
+            assert bound[order[M - 1]] - bound[order[M]] > 1e-3 * abs(bound[order[M - 1]])
+            assert set(sel[il][g]) == set(order[:M]), (il, g, bound, sel[il][g])
+
+
+@pytest.fixture(scope="module")
+def alibi_asked(tiny_mpt_model):
+    """The same reading and question on the tiny MPT model (ALiBi): keys are never rotated, so the store takes them
+    as they are, the blocks are scored with the queries as they are, and the middle keys take the bias at D."""
+    model, path = tiny_mpt_model
+    tokens = random_tokens(model, N_TOKENS, seed=ALIBI_SEED)
+    llm = make_llm(path, memory_config())
+    try:
+        got = read_and_ask(llm, tokens)
+        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
+        n_blocks = llm.memory_info()["n_blocks"]
+        stored = {(b, il, g): _read(llm, b, il, g) for b in range(n_blocks) for il in range(H0, model.n_layer)
+                  for g in range(model.n_head)}
+    finally:
+        llm.close()
+    return model, tokens, got, sel, stored
+
+
+ALIBI_SEED = 5
+ALIBI_TOL = 1e-2  # as in test_attention_alibi: ggml's CPU GELU goes through a half-precision table
+
+
+def test_alibi_logits_equal_the_oracle_given_the_selected_blocks(alibi_asked):
+    model, tokens, got, sel, _ = alibi_asked
+    assert all(s.shape == (model.n_head, M) and (s >= 0).all() for s in sel.values())
+    margin = TopKMargin()
+    cfg = dict(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0, top_k_distance=D, top_k_from=QUESTION,
+               memory_blocks=sel, memory_block=B)
+    ref = forward_mpt(model, tokens, RefAttention(**cfg), margin=margin)
+    plain = forward_mpt(model, tokens, RefAttention(sinks=S, window=W, ceiling=C))
+    without_edge = forward_mpt(model, tokens, RefAttention(**cfg, memory_edge=False))
+    assert margin.rows > 0 and margin.gap > 1e-4, f"top-k choice ill-defined (gap {margin.gap}): pick another seed"
+    assert np.abs(ref[QUESTION:] - plain[QUESTION:]).max() > 0.5, "the memory must change the answer's logits"
+    assert np.abs(ref - without_edge)[QUESTION:].max() > 10 * ALIBI_TOL, "the edge keys must change the answer here"
+    err = np.abs(got - ref).max()
+    assert err < ALIBI_TOL, f"max |llama.cpp - oracle| = {err}"
+
+
+def test_alibi_selection_equals_an_exhaustive_bound(alibi_asked):
+    model, tokens, _, sel, stored = alibi_asked
+    cap = {}
+    forward_mpt(model, tokens, RefAttention(sinks=S, window=W, ceiling=C), capture=cap)
+    n_sel = (QUESTION - S - W + 1) // B
+    for il in range(H0, model.n_layer):
+        q, k_all, _ = cap[il]
+        for g in range(model.n_head):
+            qg = q[QUESTION:, g]  # MPT: one query head per KV head
+            bound = []
+            for b in range(n_sel):
+                k, _ = stored[(b, il, g)]
+                # the store holds the keys as the model made them (no rotation to undo)
+                np.testing.assert_allclose(k, k_all[S + b * B:S + (b + 1) * B, g], atol=ALIBI_TOL, rtol=0)
+                center, radius = f16_summary(k)
+                bound.append((qg @ center + np.abs(qg) @ radius).max())
             bound = np.asarray(bound)
             order = np.argsort(-bound, kind="stable")
             assert bound[order[M - 1]] - bound[order[M]] > 1e-3 * abs(bound[order[M - 1]])

@@ -180,9 +180,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     info = read_model_info(model)
     notes = []
     if args.memory_blocks is None:
-        # the memory is on by default where it can be: RoPE and a window (--state saves it with the stream)
-        if info.position_encoding != "rope":
-            notes.append(f"document memory off: it needs RoPE and {info.architecture} uses {info.position_encoding}")
+        # the memory is on by default where it can be: RoPE or ALiBi and a window (--state saves it with the stream)
+        if info.position_encoding not in ("rope", "alibi"):
+            notes.append(f"document memory off: it needs RoPE or ALiBi and {info.architecture} uses "
+                         f"{info.position_encoding}")
         elif args.window == 0:
             notes.append("document memory off: full attention (--window 0) keeps every key")
         else:

@@ -404,9 +404,9 @@ class AttentionConfig:
                                      top_k=top_k, top_k_layer=top_k_layer, top_k_distance=top_k_distance,
                                      top_k_scope=self.top_k_scope, memory_blocks=int(self.memory_blocks),
                                      memory_block_size=int(self.memory_block_size))
-        if resolved.memory and info.position_encoding != "rope":
-            raise ValueError(f"memory_blocks={self.memory_blocks}: the document memory needs RoPE (it scores its keys "
-                             f"rotated to a bounded distance); {info.architecture} uses {info.position_encoding}")
+        if resolved.memory and info.position_encoding not in ("rope", "alibi"):
+            raise ValueError(f"memory_blocks={self.memory_blocks}: the document memory scores its keys at a bounded "
+                             f"distance through RoPE or ALiBi; {info.architecture} uses {info.position_encoding}")
         if resolved.memory and top_k > resolved.memory_cells:
             raise ValueError(f"top_k={top_k} > memory_blocks*memory_block_size={resolved.memory_cells}: the top-k keys "
                              "are chosen among the selected blocks' keys; lower top_k or raise memory_blocks")
