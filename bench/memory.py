@@ -12,7 +12,7 @@ rerun resumes), and ``memory_<task>.png`` is the heatmap.
 peak RSS, bytes on disk per token and in RAM, and the time from the end of the reading to the first answer
 token (``bench/results/memory_cost.json``, one entry per length and window: a run replaces its own entry).
 
-    python bench/memory.py retrieval [--task passkey] [--lengths 4096,8192,16384] [--trials 2]
+    python bench/memory.py retrieval [--task passkey] [--lengths 4096,8192,16384] [--trials 2] [--model NAME]
     python bench/memory.py cost [--tokens 16384] [--window 1024]
 """
 
@@ -32,9 +32,11 @@ RESULTS = HERE / "results"
 def run_retrieval(args) -> None:
     from llama_extrapolate import plots, tasks
     from llama_extrapolate.default_model import default_model_path
+    from llama_extrapolate.registry_models import model_path
 
-    out = RESULTS / f"memory_{args.task}.json"
-    res = tasks.run_retrieval(str(default_model_path()), args.task, args.configs.split(","),
+    model = model_path(args.model) if args.model else str(default_model_path())
+    out = RESULTS / (f"memory_{args.task}.json" if not args.model else f"memory_{args.task}_{Path(args.model).stem}.json")
+    res = tasks.run_retrieval(model, args.task, args.configs.split(","),
                               [int(x) for x in args.lengths.split(",")], [0.0, 0.25, 0.5, 0.75, 1.0], args.trials,
                               args.seed, out, n_batch=args.n_batch, threads=args.threads, window=args.window)
     res["machine"] = {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
@@ -111,6 +113,8 @@ def main(argv=None) -> int:
     r.add_argument("--window", type=int, default=1024)
     r.add_argument("--n-batch", type=int, default=512)
     r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--model", help="GGUF file or registry model name (qwen2.5-coder-0.5b, gemma3-270m); default: the "
+                   "default model. Results go to memory_<task>_<model>.json")
     c = sub.add_parser("cost")
     c.add_argument("--tokens", type=int, default=16384)
     c.add_argument("--window", type=int, default=1024)

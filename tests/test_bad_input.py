@@ -49,6 +49,7 @@ MODEL_CASES = [
     ("no-context-length", "None", "InvalidModelError", "no llama.context_length"),
     ("context-length-0", "None", "InvalidModelError", "llama.context_length = 0"),
     ("unknown-arch", "None", "InvalidModelError", "could not load"),
+    ("unknown-arch", "None", "InvalidModelError", "unknown model architecture: 'foo'"),  # llama.cpp's reason
     ("no-rope-no-alibi", "AttentionConfig(sinks=4, window=32, ceiling=32)", "ValueError",
      "gpt2 has no position encoding"),
     ("no-rope-no-alibi", "None", "InvalidModelError", "gpt2"),
@@ -74,6 +75,22 @@ def test_bad_model_file_raises_in_a_subprocess(bad_models, name, attention, exc,
     got_type, message = line[4:].split(" | ", 1)
     assert got_type == exc, line
     assert text in message, line
+
+
+def test_llama_cpps_refusal_of_a_context_reaches_the_exception(tiny_llama):
+    """llama-cpp-python says only "Failed to create llama_context"; llama.cpp's reason is in its log (on stderr,
+    where a caller's code cannot read it): the exception carries it."""
+    _, path = tiny_llama
+    code = textwrap.dedent(f"""
+        import llama_extrapolate as le
+        try:
+            le.Llama({str(path)!r}, attention=None, n_ctx=256, type_v=8, flash_attn=False, verbose=False)
+        except ValueError as e:
+            print("EXC", str(e))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "could not create a context" in r.stdout and "quantized V cache requires flash_attn" in r.stdout, r.stdout
 
 
 # --- configuration values -------------------------------------------------------------------------------------
@@ -109,6 +126,7 @@ def _config_cases():
         ("flash with top-k", lambda m: _llama(m, A(sinks=4, window=32, ceiling=0, top_k=2, top_k_layer=1), n_ctx=1024,
                                               flash_attn=True), ValueError, "flash_attn=True with top_k=2"),
         ("attention type", lambda m: _llama(m, "lambda"), TypeError, "attention='lambda'"),
+        ("sinks beyond window", lambda m: _llama(m, A(sinks=100, window=10)), ValueError, "sinks=100 > window=10"),
         ("profile not JSON", lambda m: A.from_profile(str(m)), ValueError, "is not a calibration profile"),
     ]
 
@@ -123,7 +141,7 @@ def _llama(model_path, attention, n_ctx=256, **kw):
 CONFIG_IDS = ["sinks", "window", "ceiling", "rollback", "temperature 0", "temperature nan", "temperature per layer",
               "schedule", "points order", "n_ctx too small", "flash with ceiling", "quantized V with ceiling",
               "top-k without window", "top-k layer", "top-k distance 0", "top-k scope", "top-k layer without k",
-              "top-k negative", "flash with top-k", "attention type", "profile not JSON"]
+              "top-k negative", "flash with top-k", "attention type", "sinks beyond window", "profile not JSON"]
 
 
 @pytest.mark.parametrize("case", CONFIG_IDS)
@@ -207,6 +225,7 @@ CLI_CASES = [
     (["trf", "--eps", "0"], "--eps '0'"),
     (["trf", "--heads", "0"], "--heads 0"),
     (["run", "--file", "/nonexistent/doc.txt", "--prompt", "q"], "/nonexistent/doc.txt"),
+    (["run", "--file", "DOC", "--prompt", "q", "--sinks", "100000", "--window", "10"], "sinks=100000 > window=10"),
 ]
 
 
@@ -215,6 +234,7 @@ def test_bad_cli_arguments_exit_2_naming_the_value(argv, text, tiny_llama, doc, 
     from llama_extrapolate import cli
 
     _, model = tiny_llama
+    argv = [str(doc) if a == "DOC" else a for a in argv]
     extra = []
     if argv[0] in ("nll", "passkey", "calibrate", "run"):
         extra += ["--model", str(model)]

@@ -49,8 +49,10 @@ def make_llm(path, attention, ubatch=64, **kw):
     kw.setdefault("memory_capacity", 512)
     kw.setdefault("n_ctx", 512)
     kw.setdefault("logits_all", True)
+    kw.setdefault("type_k", 0)
+    kw.setdefault("type_v", 0)
     return llama_extrapolate.Llama(str(path), attention=attention, n_batch=ubatch, n_ubatch=ubatch,
-                                   n_threads=2, verbose=False, type_k=0, type_v=0, **kw)
+                                   n_threads=2, verbose=False, **kw)
 
 
 def read_and_ask(llm, tokens, question=QUESTION):
@@ -257,6 +259,44 @@ def test_alibi_selection_equals_an_exhaustive_bound(alibi_asked):
             order = np.argsort(-bound, kind="stable")
             assert bound[order[M - 1]] - bound[order[M]] > 1e-3 * abs(bound[order[M - 1]])
             assert set(sel[il][g]) == set(order[:M]), (il, g, bound, sel[il][g])
+
+
+def test_quantized_k_cache(tmp_path):
+    """q8_0 keys (head size 64): the store takes the new keys as the cache rounds them and the edge block's keys are
+    rotated back from the quantized cache; the error against the oracle (given the blocks selected) is q8_0's own,
+    as large as on the upstream path (Lambda mask only), and far below what the memory changes."""
+    from llama_extrapolate import AttentionConfig
+    from tinymodel import TinyLlama
+
+    model = TinyLlama(n_embd=256)
+    model.make_weights()
+    path = model.write(tmp_path / "tiny-hd64.gguf")
+    tokens = random_tokens(model, N_TOKENS, seed=2)
+    plain = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C))
+    errors = {}
+    for type_k in (0, 8):  # f32, q8_0
+        llm = make_llm(path, AttentionConfig(sinks=S, window=W, ceiling=C), type_k=type_k, type_v=0,
+                       memory_capacity=None)
+        try:
+            llm.reset()
+            llm.eval(tokens)
+            errors["lambda", type_k] = np.abs(np.asarray(llm.scores[:N_TOKENS]) - plain).max()
+        finally:
+            llm.close()
+        llm = make_llm(path, memory_config(), type_k=type_k, type_v=0)
+        try:
+            got = read_and_ask(llm, tokens)
+            sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
+        finally:
+            llm.close()
+        ref = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0,
+                                                  top_k_distance=D, top_k_from=QUESTION, memory_blocks=sel,
+                                                  memory_block=B))
+        errors["memory", type_k] = np.abs(got - ref).max()
+        if type_k == 8:
+            assert np.abs(ref - plain)[QUESTION:].max() > 3 * errors["memory", 8], errors
+    assert errors["memory", 0] < TOL, errors
+    assert errors["memory", 8] < 1.5 * errors["lambda", 8], errors
 
 
 def test_memory_before_enough_blocks_is_plain_lambda(tiny):

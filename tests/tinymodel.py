@@ -106,10 +106,13 @@ class TinyLlama:
             w[f"blk.{i}.ffn_down.weight"] = mat(d, self.n_ff)
         self.weights = w
 
-    def write(self, path: Path, arch: Optional[str] = None, context_length=TRAINING_LENGTH) -> Path:
-        """``arch`` and ``context_length`` override the metadata (the same tensors under another name)."""
+    def write(self, path: Path, arch: Optional[str] = None, context_length=TRAINING_LENGTH,
+              rope_dimension_count: bool = True) -> Path:
+        """``arch`` and ``context_length`` override the metadata (the same tensors under another name);
+        ``rope_dimension_count=False`` leaves that key out, as Qwen2.5's GGUFs do."""
         def hparams(w):
-            w.add_rope_dimension_count(self.head_dim)
+            if rope_dimension_count:
+                w.add_rope_dimension_count(self.head_dim)
             w.add_rope_freq_base(self.rope_base)
             w.add_layer_norm_rms_eps(self.rms_eps)
 

