@@ -35,7 +35,8 @@ def run_retrieval(args) -> None:
     from llama_extrapolate.registry_models import model_path
 
     model = model_path(args.model) if args.model else str(default_model_path())
-    out = RESULTS / (f"memory_{args.task}.json" if not args.model else f"memory_{args.task}_{Path(args.model).stem}.json")
+    tag = "" if not args.model else "_" + (Path(args.model).stem if args.model.endswith(".gguf") else args.model)
+    out = RESULTS / f"memory_{args.task}{tag}.json"
     res = tasks.run_retrieval(model, args.task, args.configs.split(","),
                               [int(x) for x in args.lengths.split(",")], [0.0, 0.25, 0.5, 0.75, 1.0], args.trials,
                               args.seed, out, n_batch=args.n_batch, threads=args.threads, window=args.window)
