@@ -387,12 +387,23 @@ def table_upstream(r: Path) -> str:
 # --- document memory (bench/memory.py) ----------------------------------------------------------------------
 
 MEMORY_LABELS = {"lambda": "Λ + ceiling", "lambda+memory": "Λ + memory (m = 16, B = 64, k = 5)",
-                 "lambda+top-k": "Λ + top-k (whole cache)", "vanilla": "vanilla", "context-shift": "context shift"}
+                 "lambda+top-k": "Λ + top-k (whole cache)", "vanilla": "vanilla (full attention)",
+                 "context-shift": "context shift"}
 
 
 def table_memory_passkey(r: Path) -> str:
     """Keys found by configuration and length (all depths and trials)."""
     return keys_found(load("memory_passkey.json", r)["trials"], MEMORY_LABELS)
+
+
+def table_memory_needle(r: Path) -> str:
+    """Needles found (a magic number in the essays, RULER-style) by configuration and length."""
+    return keys_found(load("memory_needle.json", r)["trials"], MEMORY_LABELS)
+
+
+def table_memory_qwen(r: Path) -> str:
+    """Pass keys found on Qwen2.5-Coder-0.5B (trained to 32k, so full attention is the reference)."""
+    return keys_found(load("memory_passkey_qwen2.5-coder-0.5b.json", r)["trials"], MEMORY_LABELS)
 
 
 def table_memory_cost(r: Path) -> str:
@@ -433,6 +444,8 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "pytorch": table_pytorch,
     "upstream": table_upstream,
     "memory-passkey": table_memory_passkey,
+    "memory-needle": table_memory_needle,
+    "memory-qwen": table_memory_qwen,
     "memory-cost": table_memory_cost,
 }
 
@@ -442,7 +455,7 @@ AREAS: Dict[str, List[str]] = {
     "top-k": ["topk-summary", "topk-passkey", "topk-cost"],
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
     "receptive-fields": ["trf", "erf"],
-    "memory": ["memory-passkey", "memory-cost"],
+    "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-cost"],
 }
 
 
