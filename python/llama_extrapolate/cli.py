@@ -170,6 +170,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from . import reader, resources
+    from .config import MEMORY_POSITION_ENCODINGS
     from .llama import Llama
     from .model_info import read_model_info
 
@@ -183,7 +184,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     notes = []
     if args.memory_blocks is None:
         # the memory is on by default where it can be: RoPE or ALiBi and a window (--state saves it with the stream)
-        if info.position_encoding not in ("rope", "alibi"):
+        if info.position_encoding not in MEMORY_POSITION_ENCODINGS:
             notes.append(f"document memory off: it needs RoPE or ALiBi and {info.architecture} uses "
                          f"{info.position_encoding}")
         elif args.window == 0:

