@@ -94,8 +94,11 @@ class RefStats:
             np.add.at(self.mass[layer, h], bins, p)
 
 
-def rope_angles(d: np.ndarray, n_rot: int, base: float) -> np.ndarray:
-    inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+def rope_angles(d: np.ndarray, n_rot: int, base) -> np.ndarray:
+    """Angles of the rotated pairs at distances d; ``base``: the frequency base, or the angle per position of
+    each pair (n_rot/2 values: a model with frequency factors, TinyLlama.rope_frequencies)."""
+    inv_freq = (np.asarray(base, dtype=np.float64) if np.ndim(base) else
+                base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot))
     return np.asarray(d, dtype=np.float64)[..., None] * inv_freq  # (..., n_rot/2)
 
 
@@ -263,8 +266,13 @@ def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention]
         v = (h @ w[f"blk.{il}.attn_v.weight"].T).reshape(T, Hkv, D)
         if capture is not None:
             capture[il] = (q, k, v)
-        a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_base, neox=model.neox, stats=stats,
-                      margin=margin, f16_cache=f16_cache)
+        # a NoPE layer scores as ALiBi with zero slopes would: q.k at every distance; RoPE scales q and k by the
+        # attention factor as it rotates them
+        nope = None if model.has_rope(il) else np.zeros(H)
+        if nope is None and model.rope_attn_factor != 1.0:
+            q, k = q * model.rope_attn_factor, k * model.rope_attn_factor
+        a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_frequencies(), neox=model.neox,
+                      alibi_slopes=nope, stats=stats, margin=margin, f16_cache=f16_cache)
         x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
         h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], model.rms_eps)
         g = h @ w[f"blk.{il}.ffn_gate.weight"].T

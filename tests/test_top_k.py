@@ -118,6 +118,9 @@ def test_k_layer_distance_change_between_decodes_and_off_is_lambda(tiny):
     try:
         llm.set_top_k(5, distance=24)
         assert llm.top_k_state == (5, 1, 24)
+        llm.set_top_k_active(False)
+        llm.set_top_k_active(True)  # switches on the k set last, not the one loaded
+        assert llm.top_k_state == (5, 1, 24)
         got = run(llm, tokens)
         ref, _ = reference(model, tokens, **LAMBDA, top_k=5, top_k_layer=1, top_k_distance=24)
         assert np.abs(got - ref).max() < TOL

@@ -70,6 +70,10 @@ class TinyLlama:
     rope_base: float = 10000.0
     rms_eps: float = 1e-5
     seed: int = 0
+    # Llama 3's RoPE frequency factors (head_dim/2 values, written as rope_freqs.weight): pair i turns 1/factor_i
+    # as fast
+    rope_freqs: Optional[np.ndarray] = None
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: q and k scaled by it with their rotation
     weights: Dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -79,6 +83,15 @@ class TinyLlama:
     @property
     def neox(self) -> bool:
         return self.arch == "qwen2"
+
+    def has_rope(self, il: int) -> bool:
+        """SmolLM3 ("smollm3") leaves every fourth layer without RoPE (NoPE), as llama.cpp builds it."""
+        return self.arch != "smollm3" or (il + 1) % 4 != 0
+
+    def rope_frequencies(self) -> np.ndarray:
+        """The angle per position of each rotated pair (the oracle's RoPE), with the frequency factors."""
+        inv = self.rope_base ** (-np.arange(0, self.head_dim, 2, dtype=np.float64) / self.head_dim)
+        return inv if self.rope_freqs is None else inv / np.asarray(self.rope_freqs, dtype=np.float64)
 
     def make_weights(self) -> None:
         rng = np.random.default_rng(self.seed)
@@ -104,6 +117,8 @@ class TinyLlama:
             w[f"blk.{i}.ffn_gate.weight"] = mat(self.n_ff, d)
             w[f"blk.{i}.ffn_up.weight"] = mat(self.n_ff, d)
             w[f"blk.{i}.ffn_down.weight"] = mat(d, self.n_ff)
+        if self.rope_freqs is not None:
+            w["rope_freqs.weight"] = np.asarray(self.rope_freqs, dtype=np.float32)
         self.weights = w
 
     def write(self, path: Path, arch: Optional[str] = None, context_length=TRAINING_LENGTH,
@@ -115,6 +130,8 @@ class TinyLlama:
                 w.add_rope_dimension_count(self.head_dim)
             w.add_rope_freq_base(self.rope_base)
             w.add_layer_norm_rms_eps(self.rms_eps)
+            if self.rope_attn_factor != 1.0:
+                w.add_rope_scaling_attn_factors(self.rope_attn_factor)
 
         return _write(path, arch or self.arch, self, self.n_head_kv, hparams, context_length)
 

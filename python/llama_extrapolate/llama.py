@@ -212,7 +212,7 @@ class Llama(llama_cpp.Llama):
 
     def set_top_k(self, k: int, layer: Optional[int] = None, distance: Optional[int] = None) -> None:
         """Change k, the first layer and the distance of the top-k middle keys between decodes (k = 0: off;
-        None keeps the value the model was loaded with)."""
+        None keeps the value set last). A k > 0 becomes the one ``set_top_k_active(True)`` switches on."""
         from dataclasses import replace
 
         r = self.attention_resolved
@@ -228,6 +228,7 @@ class Llama(llama_cpp.Llama):
         resolved = config.resolve(self.model_info)
         native.set_top_k(self._attention_context("set_top_k"), resolved.top_k, resolved.top_k_layer,
                         resolved.top_k_distance)
+        self.attention, self.attention_resolved = config, resolved
 
     @property
     def top_k_state(self) -> tuple:

@@ -1,0 +1,140 @@
+"""Model families whose layers carry their own RoPE, against the numpy oracle (patch 0011).
+
+The distance ceiling, the top-k middle keys and the document memory rotate q and the cached keys once more
+inside the attention. That rotation must be the one the model gave the layer:
+
+- Llama 3.x GGUFs carry frequency factors (``rope_freqs``): pair i turns 1/factor_i as fast; Phi-3 and others
+  scale q and k by an attention factor as RoPE rotates them (the second rotation must not scale them again);
+- SmolLM3 leaves every fourth layer without RoPE (NoPE): its keys are never rotated, neither by the attention
+  nor by the K-shift that re-bases a long stream's positions.
+
+Tiny random models of each layout (f32 caches), the same cases as tests/test_attention.py and test_top_k.py.
+Before patch 0011 the first model was refused (rope_freqs, attention factor) and the second was wrong.
+"""
+
+import numpy as np
+import pytest
+
+from conftest import random_tokens
+from reference import RefAttention, TopKMargin, forward
+from tinymodel import TinyLlama
+
+N_TOKENS = 300
+TOL = 2e-3
+LAMBDA = dict(sinks=4, window=32, ceiling=32)
+
+
+def _llama3() -> TinyLlama:
+    # factors from 1 (the fastest pairs) to 8 (the slowest), as Llama 3.1's run from 1 to its scaling factor 8
+    return TinyLlama(rope_freqs=np.geomspace(1.0, 8.0, 8), rope_attn_factor=1.25)
+
+
+FAMILIES = {
+    "llama-rope-freqs": _llama3,
+    "smollm3-nope": lambda: TinyLlama(arch="smollm3", n_layer=4),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    model = FAMILIES[request.param]()
+    model.make_weights()
+    path = model.write(tmp_path_factory.mktemp("family") / f"tiny-{request.param}.gguf")
+    return request.param, model, path, random_tokens(model, N_TOKENS, seed=2)
+
+
+def make_llm(path, attention, ubatch=64, **kw):
+    import llama_extrapolate
+
+    for key, value in dict(type_k=0, type_v=0, n_ctx=512, logits_all=True).items():
+        kw.setdefault(key, value)
+    return llama_extrapolate.Llama(str(path), attention=attention, n_batch=ubatch, n_ubatch=ubatch, n_threads=2,
+                                   verbose=False, **kw)
+
+
+def logits(llm, tokens, question=None):
+    llm.reset()
+    if question is None:
+        llm.eval(tokens)
+    else:
+        llm.eval(tokens[:question])
+        llm.set_top_k_active(True)
+        llm.eval(tokens[question:])
+    return np.asarray(llm.scores[:len(tokens)], dtype=np.float64)
+
+
+def test_the_families_differ_from_plain_llama_in_the_oracle(family):
+    """The oracle's RoPE of each family is not a plain llama's: a library that ignored it would fail below."""
+    name, model, _, tokens = family
+    plain = TinyLlama(n_layer=model.n_layer)
+    plain.weights = model.weights
+    cfg = RefAttention(**LAMBDA)
+    assert np.abs(forward(model, tokens, cfg) - forward(plain, tokens, cfg)).max() > 0.5, name
+
+
+CASES = {
+    "vanilla": (dict(sinks=0, window=0, ceiling=0), RefAttention()),
+    "lambda+ceiling+temperature": (dict(LAMBDA, temperature=0.9), RefAttention(**LAMBDA, tau=0.9)),
+    "ceiling-only": (dict(sinks=0, window=0, ceiling=16), RefAttention(ceiling=16)),
+    "top-k": (dict(LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16),
+              RefAttention(**LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16)),
+}
+
+
+@pytest.mark.parametrize("ubatch", [1, 64])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_knobs_match_the_oracle(family, case, ubatch):
+    from llama_extrapolate import AttentionConfig
+
+    name, model, path, tokens = family
+    kwargs, ref_cfg = CASES[case]
+    llm = make_llm(path, AttentionConfig(**kwargs), ubatch=ubatch)
+    try:
+        got = logits(llm, tokens)
+    finally:
+        llm.close()
+    margin = TopKMargin()
+    ref = forward(model, tokens, ref_cfg, margin=margin)
+    if ref_cfg.top_k:
+        assert margin.rows > 0 and margin.gap > 1e-4, f"top-k choice ill-defined (gap {margin.gap})"
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"{name}, {case}, ubatch {ubatch}: max |llama.cpp - oracle| = {err}"
+
+
+def test_document_memory_matches_the_oracle_given_its_selection(family, tmp_path):
+    from llama_extrapolate import AttentionConfig
+
+    name, model, path, tokens = family
+    cfg = dict(LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16)
+    llm = make_llm(path, AttentionConfig(**cfg, top_k_scope="question", memory_blocks=2, memory_block_size=32),
+                   memory_type="f32", memory_capacity=512)
+    try:
+        got = logits(llm, tokens, question=250)
+        sel = {il: llm.memory_selection(il) for il in range(1, model.n_layer)}
+    finally:
+        llm.close()
+    margin = TopKMargin()
+    ref = forward(model, tokens, RefAttention(**cfg, top_k_from=250, memory_blocks=sel, memory_block=32),
+                  margin=margin)
+    plain = forward(model, tokens, RefAttention(**LAMBDA))
+    assert np.abs(ref[250:] - plain[250:]).max() > 0.5, "the memory must change the answer's logits"
+    assert margin.gap > 1e-4, f"top-k choice ill-defined (gap {margin.gap})"
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"{name}, memory: max |llama.cpp - oracle| = {err}"
+
+
+def test_a_long_stream_is_rebased_and_stays_exact(family):
+    """2000 tokens through a 64-cell window: the positions are moved back many times, and the K-shift that
+    re-rotates the cached keys uses each layer's RoPE (factors) and leaves the NoPE layers' keys alone."""
+    from llama_extrapolate import AttentionConfig
+    from test_attention import decode_logits
+
+    name, model, path, _ = family
+    tokens = np.random.default_rng(9).integers(3, model.n_vocab, size=2000).tolist()
+    llm = make_llm(path, AttentionConfig(**LAMBDA, rollback=0), ubatch=16, n_ctx=64, logits_all=False)
+    try:
+        got = decode_logits(llm, tokens, 16)
+    finally:
+        llm.close()
+    err = np.abs(got - forward(model, tokens, RefAttention(**LAMBDA))).max()
+    assert err < 5e-3, f"{name}: max |llama.cpp - oracle| = {err}"
