@@ -129,6 +129,23 @@ py::dict model_attention(std::uintptr_t model_address) {
     return d;
 }
 
+py::dict model_layers(std::uintptr_t model_address) {
+    if (model_address == 0) {
+        throw py::value_error("model address is 0 (NULL): pass the address of a loaded llama_model");
+    }
+    const auto * model = reinterpret_cast<const llama_model *>(model_address);
+    const int32_t n_layer = llama_ext_model_get_layers(model, nullptr, nullptr, SIZE_MAX);
+    if (n_layer < 0) {
+        throw py::value_error("llama_ext_model_get_layers failed");
+    }
+    std::vector<uint8_t> rope(n_layer), swa(n_layer);
+    llama_ext_model_get_layers(model, rope.data(), swa.data(), rope.size());
+    py::dict d;
+    d["rope"] = std::vector<bool>(rope.begin(), rope.end());
+    d["swa"]  = std::vector<bool>(swa.begin(), swa.end());
+    return d;
+}
+
 void memory_open(std::uintptr_t ctx_address, const std::string & path, const std::string & dir, bool keep, int type,
                  uint64_t capacity) {
     llama_ext_memory_params p{};
@@ -303,6 +320,8 @@ PYBIND11_MODULE(_core, m) {
           "address of llama_ext_api_version in this process (to check that two bindings share one library)");
     m.def("context_info", &context_info, py::arg("ctx_address"),
           "facts of a live llama_context given its address (e.g. from llama_cpp.Llama)");
+    m.def("model_layers", &model_layers, py::arg("model_address"),
+          "per layer: does it rotate q and k (RoPE), is it a sliding-window layer");
     m.def("model_attention", &model_attention, py::arg("model_address"),
           "Lambda-attention and temperature parameters a model was loaded with");
     m.def("set_temperature", &set_temperature, py::arg("ctx_address"), py::arg("tau"), py::arg("log_length"),

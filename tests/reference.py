@@ -269,8 +269,8 @@ def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention]
         # a NoPE layer scores as ALiBi with zero slopes would: q.k at every distance; RoPE scales q and k by the
         # attention factor as it rotates them
         nope = None if model.has_rope(il) else np.zeros(H)
-        if nope is None and model.rope_attn_factor != 1.0:
-            q, k = q * model.rope_attn_factor, k * model.rope_attn_factor
+        if nope is None and model.rope_magnitude() != 1.0:
+            q, k = q * model.rope_magnitude(), k * model.rope_magnitude()
         a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_frequencies(), neox=model.neox,
                       alibi_slopes=nope, stats=stats, margin=margin, f16_cache=f16_cache)
         x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T

@@ -50,8 +50,9 @@ MODEL_CASES = [
     ("context-length-0", "None", "InvalidModelError", "llama.context_length = 0"),
     ("unknown-arch", "None", "InvalidModelError", "could not load"),
     ("unknown-arch", "None", "InvalidModelError", "unknown model architecture: 'foo'"),  # llama.cpp's reason
-    ("no-rope-no-alibi", "AttentionConfig(sinks=4, window=32, ceiling=32)", "ValueError",
-     "gpt2 has no position encoding"),
+    # llama's tensors under gpt2's name: llama.cpp's reason, read before any setting is resolved
+    ("no-rope-no-alibi", "AttentionConfig(sinks=4, window=32, ceiling=32)", "InvalidModelError",
+     "gpt2.attention.layer_norm_epsilon"),
     ("no-rope-no-alibi", "None", "InvalidModelError", "gpt2"),
 ]
 
@@ -75,6 +76,33 @@ def test_bad_model_file_raises_in_a_subprocess(bad_models, name, attention, exc,
     got_type, message = line[4:].split(" | ", 1)
     assert got_type == exc, line
     assert text in message, line
+
+
+@pytest.mark.parametrize("positions", [True, False])
+def test_a_sequence_id_beyond_n_seq_max_is_an_error_not_an_abort(tiny_llama, positions):
+    """A batch for sequence 3 of a two-sequence Lambda context with a KV stream per sequence: llama_decode returns
+    an error (before, the position re-basing looked sequence 3 up in the cache's streams and aborted)."""
+    _, path = tiny_llama
+    code = textwrap.dedent(f"""
+        import llama_extrapolate as le
+        import llama_cpp
+        llm = le.Llama({str(path)!r}, attention=le.AttentionConfig(sinks=4, window=32, ceiling=0), n_ctx=1024,
+                       verbose=False)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max, params.kv_unified = 1024, 64, 64, 2, False
+        ctx = llama_cpp.llama_init_from_model(llm.model, params)
+        batch = llama_cpp.llama_batch_init(4, 0, 1)
+        batch.n_tokens = 4
+        for i in range(4):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = 5, i, 1, 3, True
+        if not {positions}:
+            batch.pos = None
+        print("RC", llama_cpp.llama_decode(ctx, batch))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"exit {r.returncode} (a negative code is a signal: a crash)\n{r.stderr[-2000:]}"
+    rc = int([x for x in r.stdout.splitlines() if x.startswith("RC ")][-1][3:])
+    assert rc != 0 and "seq_id" in r.stderr, (rc, r.stderr[-2000:])
 
 
 def test_llama_cpps_refusal_of_a_context_reaches_the_exception(tiny_llama):

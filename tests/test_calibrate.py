@@ -270,6 +270,23 @@ def test_schedule_by_points_matches_the_oracle(tiny_llama, per_head):
     assert np.abs(plain - ref).max() > 0.05, "the schedule must change the logits for this test to mean anything"
 
 
+def test_points_at_millions_of_tokens_read_back_as_set(tiny_llama):
+    """Lengths past 2^21 (a calibration at 4M tokens): the library holds them as given (their float logarithms
+    alone came back as 3000002 for 3000001, and the read-back check refused the schedule)."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    _, path = tiny_llama
+    points = ((64, 1.0), (3_000_001, 0.8), (4_194_305, 0.7))
+    cfg = AttentionConfig(sinks=4, window=32, ceiling=32, temperature_schedule="points", temperature_points=points)
+    llm = llama_extrapolate.Llama(str(path), attention=cfg, n_ctx=512, n_batch=64, verbose=False)
+    try:
+        lengths, _ = llama_extrapolate.native.get_temperature_points(llama_extrapolate.context_address(llm))
+        assert [int(x) for x in lengths] == [64, 3_000_001, 4_194_305]
+    finally:
+        llm.close()
+
+
 def test_from_profile_gives_a_length_or_a_schedule(tmp_path, tiny_llama):
     from llama_extrapolate import AttentionConfig
     from llama_extrapolate.profile import CalibrationProfile, file_sha256

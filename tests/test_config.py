@@ -151,3 +151,13 @@ def test_model_info_is_read_once_per_file_version(default_model, tmp_path):
     os.utime(copy, ns=(first_ns := copy.stat().st_mtime_ns + 10**9, first_ns))
     again = read_model_info(copy)
     assert again is not first and again == first
+
+
+def test_a_ceiling_on_a_model_without_positions_is_named(info):
+    from dataclasses import replace
+
+    from llama_extrapolate import AttentionConfig
+
+    none = replace(info, architecture="gpt2", position_encoding="none", rope_type=None)
+    with pytest.raises(ValueError, match="ceiling=32: gpt2 has no position encoding"):
+        AttentionConfig(sinks=4, window=32, ceiling=32).resolve(none)

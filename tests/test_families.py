@@ -31,6 +31,7 @@ def _llama3() -> TinyLlama:
 
 FAMILIES = {
     "llama-rope-freqs": _llama3,
+    "llama-yarn": lambda: TinyLlama(yarn_factor=4.0),
     "smollm3-nope": lambda: TinyLlama(arch="smollm3", n_layer=4),
 }
 
@@ -138,3 +139,73 @@ def test_a_long_stream_is_rebased_and_stays_exact(family):
         llm.close()
     err = np.abs(got - forward(model, tokens, RefAttention(**LAMBDA))).max()
     assert err < 5e-3, f"{name}: max |llama.cpp - oracle| = {err}"
+
+
+# --- what the library accepts, said before loading (info) and done at load ------------------------------------------
+
+def _gemma3(tmp_path):
+    from tinymodel import TinyGemma3
+
+    model = TinyGemma3()
+    model.make_weights()
+    return model.write(tmp_path / "tiny-gemma3.gguf")
+
+
+KNOB_CONFIGS = {
+    "lambda": dict(sinks=4, window=32, ceiling=0),
+    "ceiling": dict(sinks=0, window=0, ceiling=16),
+    "temperature": dict(sinks=0, window=0, ceiling=0, temperature=0.9),
+    "top_k": dict(LAMBDA, top_k=3, top_k_layer=1),
+    "memory": dict(LAMBDA, top_k=3, top_k_layer=1, top_k_scope="question", memory_blocks=2, memory_block_size=32),
+}
+
+
+def _support_holds(path):
+    """Each knob loads where knob_support says supported, and is refused with its reason where not."""
+    from llama_extrapolate import AttentionConfig, knob_support, read_model_info
+
+    support = knob_support(read_model_info(path))
+    assert set(support) == set(KNOB_CONFIGS)
+    for knob, cfg in KNOB_CONFIGS.items():
+        extra = dict(memory_type="f32", memory_capacity=512) if knob == "memory" else {}
+        try:
+            make_llm(path, AttentionConfig(**cfg), **extra).close()
+            refused = None
+        except ValueError as exc:
+            refused = str(exc)
+        if support[knob] is None:
+            assert refused is None, f"{knob}: said supported, refused at load: {refused}"
+        else:
+            assert refused is not None and support[knob] in refused, f"{knob}: said {support[knob]!r}, got {refused}"
+    return support
+
+
+def test_knob_support_says_what_loading_does(family, tiny_mpt_model, tiny_llama):
+    for path in (family[2], tiny_mpt_model[1], tiny_llama[1]):
+        assert all(reason is None for reason in _support_holds(path).values()), path
+
+
+def test_sliding_window_layers_are_shown_and_the_lambda_window_refused(tmp_path):
+    """Gemma 3's sliding-window layers keep their own window: a Lambda window would apply to them as well, so it
+    is refused at load with the reason (before, it loaded and changed the sliding-window layers' attention)."""
+    from llama_extrapolate import read_model_info
+
+    path = _gemma3(tmp_path)
+    info = read_model_info(path)
+    assert info.swa_layers == (0, 1, 2, 3, 4) and info.nope_layers == ()
+    support = _support_holds(path)
+    assert support["temperature"] is None
+    assert support["lambda"] == "sliding-window layers"
+    assert support["ceiling"] == "sliding-window layers with their own RoPE base"
+
+
+def test_info_shows_nope_layers_and_knobs(family, capsys):
+    from llama_extrapolate.cli import main
+
+    name, model, path, _ = family
+    assert main(["info", "--model", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("NoPE layers      3 (no RoPE" in out) == (name == "smollm3-nope"), out
+    assert ("RoPE factors     yes" in out) == (name == "llama-rope-freqs"), out
+    for knob in KNOB_CONFIGS:
+        assert f"  {knob:16s} supported" in out, out

@@ -156,8 +156,12 @@ def test_alibi_middle_keys_take_the_bias_at_distance_d(tiny_mpt_model, ceiling):
 def test_quantized_k_cache(tmp_path):
     """q8_0 keys with the ceiling and the middle keys, head size 64 as SmolLM2's (where llama.cpp would also
     Hadamard-rotate quantized keys, which RoPE does not commute with: off in these modes): the error is q8_0's
-    own, as large as on the upstream path (Lambda mask only), and far below what the middle keys change."""
+    own, as large as on the upstream path (Lambda mask only), and far below what the middle keys change. A
+    re-based stream's K-shift rotates the q8_0 keys through F32 without the Hadamard rotation (before, it called
+    the rotation with none and crashed)."""
+    import llama_extrapolate
     from llama_extrapolate import AttentionConfig
+    from test_attention import decode_logits
     from tinymodel import TinyLlama
 
     model = TinyLlama(n_embd=256)
@@ -180,6 +184,38 @@ def test_quantized_k_cache(tmp_path):
         assert errors[name, 0] < 0.05, errors  # f16 V
         assert errors[name, 8] < 1.5 * q8_upstream, errors
     assert np.abs(refs["top-k"] - refs["lambda+ceiling"]).max() > 3 * errors["top-k", 8], errors
+
+
+def test_bf16_k_cache(tiny):
+    """A BF16 K cache (RoPE reads F32/F16 only: the far keys, the K-shift of a re-based stream and the memory's
+    keys go through F32, where before the ceiling aborted in ggml_rope): the error is BF16's own, as large as on
+    the upstream path (Lambda mask only), and far below what the ceiling and the middle keys change."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+    from test_attention import decode_logits
+
+    model, path, tokens = tiny
+    top_k = dict(LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16)
+    cases = {"lambda-only": dict(sinks=4, window=32, ceiling=0), "lambda+ceiling": LAMBDA, "top-k": top_k}
+    errors, refs = {}, {}
+    for name, cfg in cases.items():
+        refs[name], _ = reference(model, tokens, **cfg)
+        llm = make_llm(path, AttentionConfig(**cfg), type_k=30)  # GGML_TYPE_BF16
+        try:
+            errors[name] = np.abs(run(llm, tokens) - refs[name]).max()
+        finally:
+            llm.close()
+    long = np.random.default_rng(9).integers(3, model.n_vocab, size=1000).tolist()
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(**LAMBDA, rollback=0), n_ctx=64, n_batch=16,
+                                  n_ubatch=16, n_threads=2, verbose=False, type_k=30, type_v=0)
+    try:  # re-based many times: the K-shift rotates the BF16 keys
+        errors["re-based"] = np.abs(decode_logits(llm, long, 16) - forward(model, long, RefAttention(**LAMBDA))).max()
+    finally:
+        llm.close()
+    upstream = errors["lambda-only"]
+    assert all(err < max(2 * upstream, 0.05) for err in errors.values()), errors
+    assert np.abs(refs["lambda+ceiling"] - refs["lambda-only"]).max() > 3 * errors["lambda+ceiling"], errors
+    assert np.abs(refs["top-k"] - refs["lambda+ceiling"]).max() > 3 * errors["top-k"], errors
 
 
 def test_cache_keeps_the_middle_keys_and_n_ctx_is_the_limit(tiny):

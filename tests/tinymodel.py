@@ -74,6 +74,7 @@ class TinyLlama:
     # as fast
     rope_freqs: Optional[np.ndarray] = None
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: q and k scaled by it with their rotation
+    yarn_factor: float = 0.0  # > 0: YaRN RoPE scaling by this factor from the training length
     weights: Dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -89,9 +90,26 @@ class TinyLlama:
         return self.arch != "smollm3" or (il + 1) % 4 != 0
 
     def rope_frequencies(self) -> np.ndarray:
-        """The angle per position of each rotated pair (the oracle's RoPE), with the frequency factors."""
-        inv = self.rope_base ** (-np.arange(0, self.head_dim, 2, dtype=np.float64) / self.head_dim)
-        return inv if self.rope_freqs is None else inv / np.asarray(self.rope_freqs, dtype=np.float64)
+        """The angle per position of each rotated pair (the oracle's RoPE), with the frequency factors and YaRN
+        (each pair's frequency blended between interpolated and original by a ramp over the pairs that turn
+        fewer than beta_slow..beta_fast times in the original context: 1 and 32, llama.cpp's defaults)."""
+        n = self.head_dim
+        inv = self.rope_base ** (-np.arange(0, n, 2, dtype=np.float64) / n)
+        if self.rope_freqs is not None:
+            inv = inv / np.asarray(self.rope_freqs, dtype=np.float64)
+        if self.yarn_factor > 0:
+            def pair_turning(turns):  # the pair index that turns `turns` times over the original context
+                return n * np.log(self.n_ctx_train / (turns * 2 * np.pi)) / (2 * np.log(self.rope_base))
+
+            low, high = max(0.0, np.floor(pair_turning(32.0))), min(n - 1.0, np.ceil(pair_turning(1.0)))
+            mix = 1 - np.clip((np.arange(n // 2) - low) / max(0.001, high - low), 0, 1)
+            inv = inv * ((1 - mix) / self.yarn_factor + mix)
+        return inv
+
+    def rope_magnitude(self) -> float:
+        """What RoPE scales q and k by as it rotates them: the attention factor, and YaRN's 1 + 0.1 ln(factor)."""
+        yarn = 1 + 0.1 * np.log(self.yarn_factor) if self.yarn_factor > 1 else 1.0
+        return self.rope_attn_factor * yarn
 
     def make_weights(self) -> None:
         rng = np.random.default_rng(self.seed)
@@ -132,6 +150,12 @@ class TinyLlama:
             w.add_layer_norm_rms_eps(self.rms_eps)
             if self.rope_attn_factor != 1.0:
                 w.add_rope_scaling_attn_factors(self.rope_attn_factor)
+            if self.yarn_factor > 0:
+                import gguf
+
+                w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+                w.add_rope_scaling_factor(self.yarn_factor)
+                w.add_rope_scaling_orig_ctx_len(self.n_ctx_train)
 
         return _write(path, arch or self.arch, self, self.n_head_kv, hparams, context_length)
 
@@ -193,3 +217,31 @@ class TinyMPT:
             w.add_max_alibi_bias(self.max_alibi_bias)
 
         return _write(path, "mpt", self, self.n_head, hparams)
+
+
+@dataclass
+class TinyGemma3(TinyLlama):
+    """Gemma 3's layout: five sliding-window layers to one global layer, q/k norms and post-norms. llama.cpp
+    caches the two kinds of layer apart (iSWA); loaded to check what the library accepts and refuses."""
+
+    arch: str = "gemma3"
+    n_layer: int = 6
+    sliding_window: int = 16
+
+    def make_weights(self) -> None:
+        super().make_weights()
+        rng = np.random.default_rng(self.seed + 1)
+        for i in range(self.n_layer):
+            for name, n in (("post_attention_norm", self.n_embd), ("post_ffw_norm", self.n_embd),
+                            ("attn_q_norm", self.head_dim), ("attn_k_norm", self.head_dim)):
+                self.weights[f"blk.{i}.{name}.weight"] = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    def write(self, path: Path, arch: Optional[str] = None, context_length=TRAINING_LENGTH,
+              rope_dimension_count: bool = True) -> Path:
+        def hparams(w):
+            w.add_rope_dimension_count(self.head_dim)
+            w.add_rope_freq_base(self.rope_base)
+            w.add_layer_norm_rms_eps(self.rms_eps)
+            w.add_sliding_window(self.sliding_window)
+
+        return _write(path, arch or self.arch, self, self.n_head_kv, hparams, context_length)

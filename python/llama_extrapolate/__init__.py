@@ -18,7 +18,7 @@ _install_log()
 from .config import AttentionConfig, ResolvedAttention  # noqa: E402
 from .native import context_address, context_info  # noqa: E402
 from .llama import Llama  # noqa: E402
-from .model_info import InvalidModelError, ModelInfo, read_model_info  # noqa: E402
+from .model_info import InvalidModelError, ModelInfo, knob_support, read_model_info  # noqa: E402
 from .default_model import ModelNotFoundError, default_model_path  # noqa: E402
 
 __version__ = "0.1.0"
@@ -31,6 +31,7 @@ __all__ = [
     "ModelInfo",
     "ResolvedAttention",
     "read_model_info",
+    "knob_support",
     "LibraryConflictError",
     "ModelNotFoundError",
     "context_address",

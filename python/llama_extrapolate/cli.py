@@ -35,10 +35,11 @@ def _at_least(args: argparse.Namespace, name: str, low: int) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from .model_info import read_model_info
+    from .model_info import KNOBS, knob_support, read_model_info
 
     model = _model_path(args)
-    facts = {"library": _library_facts(), "model": read_model_info(model).to_dict()}
+    info = read_model_info(model)
+    facts = {"library": _library_facts(), "model": info.to_dict(), "knobs": knob_support(info)}
     if args.json:
         print(json.dumps(facts, indent=2))
         return 0
@@ -66,7 +67,30 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"  KV heads         {m['head_count_kv']}")
     if m["sliding_window"]:
         print(f"  sliding window   {m['sliding_window']}")
+    if m["swa_layers"]:
+        print(f"  SWA layers       {_ranges(m['swa_layers'])} (their own window; the others are global)")
+    if m["nope_layers"]:
+        print(f"  NoPE layers      {_ranges(m['nope_layers'])} (no RoPE: never rotated)")
+    if m["rope_freq_factors"]:
+        print("  RoPE factors     yes (per-pair frequency factors, applied by every rotation)")
+    for knob in KNOBS:
+        reason = facts["knobs"][knob]
+        print(f"  {knob:16s} {'supported' if reason is None else 'refused: ' + reason}")
     return 0
+
+
+def _ranges(values) -> str:
+    """0, 1, 2, 5 -> '0-2, 5'."""
+    out, values = [], sorted(values)
+    start = prev = values[0]
+    for v in values[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out)
 
 
 def _read_text(args: argparse.Namespace) -> tuple:

@@ -40,6 +40,10 @@ class ModelInfo:
     rope_scaling_type: Optional[str]
     alibi_max_bias: Optional[float]
     sliding_window: Optional[int]
+    # layers llama.cpp builds without RoPE (NoPE) in a RoPE model, and its sliding-window layers
+    nope_layers: Tuple[int, ...]
+    swa_layers: Tuple[int, ...]
+    rope_freq_factors: bool  # the file carries RoPE frequency factors (Llama 3's rope_freqs, Phi-3's long factors)
     file_size: int
     # llama-extrapolate keys written into the file (sink_count, window, ceiling, rollback,
     # softmax_temperature, log_length), so a prepared GGUF carries its own attention settings
@@ -56,17 +60,18 @@ def _field_value(field) -> Any:
     return value
 
 
-def _rope_type_from_library(path: Path) -> int:
-    """Ask the patched llama.cpp (vocab-only load) for the RoPE type of the architecture."""
+def _layout_from_library(path: Path) -> dict:
+    """Ask the patched llama.cpp (vocab-only load) how it builds the architecture: RoPE type, NoPE and
+    sliding-window layers."""
     from . import logs
-    from .native import rope_type  # loaded on the patched library by the package import
+    from .native import model_layout  # loaded on the patched library by the package import
 
     mark = logs.error_mark()
-    rope = rope_type(path)
-    if rope is None:
+    layout = model_layout(path)
+    if layout is None:
         reason = logs.errors_since(mark) or "unsupported architecture or corrupt tensors"
         raise InvalidModelError(f"{path}: llama.cpp could not load this model: {reason}")
-    return rope
+    return layout
 
 
 _INFO_CACHE: Dict[Tuple[str, int, int], "ModelInfo"] = {}
@@ -123,7 +128,8 @@ def _read_model_info(path: Path) -> ModelInfo:
         raise InvalidModelError(f"{path}: {arch}.context_length = {context_length} must be positive")
 
     alibi = get(f"{arch}.attention.max_alibi_bias")
-    rope_type = _ROPE_TYPES.get(_rope_type_from_library(path), "unknown")
+    layout = _layout_from_library(path)
+    rope_type = _ROPE_TYPES.get(layout["rope_type"], "unknown")
     if rope_type != "none":
         encoding = "rope"
     elif alibi is not None and float(alibi) > 0:
@@ -147,6 +153,9 @@ def _read_model_info(path: Path) -> ModelInfo:
         rope_scaling_type=get(f"{arch}.rope.scaling.type") if encoding == "rope" else None,
         alibi_max_bias=float(alibi) if alibi is not None else None,
         sliding_window=get(f"{arch}.attention.sliding_window"),
+        nope_layers=(tuple(i for i, r in enumerate(layout["rope"]) if not r) if rope_type != "none" else ()),
+        swa_layers=tuple(i for i, w in enumerate(layout["swa"]) if w),
+        rope_freq_factors=any(t.name in ("rope_freqs.weight", "rope_factors_long.weight") for t in reader.tensors),
         file_size=path.stat().st_size,
         attention_metadata={name: get(key) for name, key in _attention_keys(arch).items() if get(key) is not None},
     )
@@ -172,3 +181,26 @@ def _attention_keys(arch: str) -> dict:
     return {"sinks": f"{a}.lambda.sink_count", "window": f"{a}.lambda.window", "ceiling": f"{a}.lambda.ceiling",
             "rollback": f"{a}.lambda.rollback", "temperature": f"{a}.softmax_temperature",
             "log_length": f"{a}.softmax_temperature.log_length"}
+
+
+# the knobs of AttentionConfig as ``knob_support`` names them
+KNOBS = ("lambda", "ceiling", "temperature", "top_k", "memory")
+
+
+def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
+    """Each knob -> None when the patched library accepts it on this model, else the reason it refuses it at load
+    (the same reason its exception gives: llama.cpp's refusal in llama_context, or the configuration's). Said here
+    so that ``info`` can answer before a model is loaded; tests/test_families.py holds it to what loading does."""
+    from .config import MEMORY_POSITION_ENCODINGS
+
+    swa = "sliding-window layers" if info.swa_layers else None
+    rotated = None
+    if info.position_encoding == "rope":
+        if info.rope_type not in ("normal", "neox"):
+            rotated = "multi-section RoPE"
+        elif swa:
+            rotated = "sliding-window layers with their own RoPE base"
+    memory = rotated
+    if info.position_encoding not in MEMORY_POSITION_ENCODINGS:
+        memory = f"position encoding {info.position_encoding} (the memory needs RoPE or ALiBi)"
+    return {"lambda": swa, "ceiling": rotated, "temperature": None, "top_k": swa or rotated, "memory": swa or memory}

@@ -82,11 +82,15 @@ def library_facts() -> dict:
 
 
 # --- the model file -----------------------------------------------------------------------------
-def rope_type(path: Path) -> Optional[int]:
-    """The RoPE type llama.cpp assigns the architecture of ``path`` (a vocab-only load: no tensors read);
+def model_layout(path: Path) -> Optional[dict]:
+    """How llama.cpp builds the model of ``path`` (a memory-mapped load: no tensor read): its RoPE type, and per
+    layer whether it rotates q and k (``rope``, False on NoPE layers) and is a sliding-window layer (``swa``);
     None when llama.cpp cannot load the file (the caller names the model and the fix)."""
     params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
+    # vocab_only would skip the hparams and no_alloc aborts on some architectures: a memory-mapped load without
+    # weight repacking, so that no tensor is read
+    params.use_extra_bufts = False
+    params.n_gpu_layers = 0
     # llama.cpp's loader logs every metadata key at INFO; keep errors only, as Llama(verbose=False) does
     log = logging.getLogger("llama-cpp-python")
     level = log.level
@@ -98,7 +102,8 @@ def rope_type(path: Path) -> Optional[int]:
     if not model:
         return None
     try:
-        return int(llama_cpp.llama_model_rope_type(model))
+        layers = _core.model_layers(ctypes.cast(model, ctypes.c_void_p).value)
+        return {"rope_type": int(llama_cpp.llama_model_rope_type(model)), **layers}
     finally:
         llama_cpp.llama_model_free(model)
 
