@@ -406,6 +406,11 @@ def table_memory_qwen(r: Path) -> str:
     return keys_found(load("memory_passkey_qwen2.5-coder-0.5b.json", r)["trials"], MEMORY_LABELS)
 
 
+def table_memory_needle_qwen(r: Path) -> str:
+    """Needles found on Qwen2.5-Coder-0.5B (full attention is the reference up to its 32k training length)."""
+    return keys_found(load("memory_needle_qwen2.5-coder-0.5b.json", r)["trials"], MEMORY_LABELS)
+
+
 def table_memory_cost(r: Path) -> str:
     """Reading speed, question time, cache, peak RSS and disk of essay streams, bounded Λ vs the memory, with the
     memory's ratios to the bounded stream (reading speed, peak RSS)."""
@@ -446,6 +451,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-passkey": table_memory_passkey,
     "memory-needle": table_memory_needle,
     "memory-qwen": table_memory_qwen,
+    "memory-needle-qwen": table_memory_needle_qwen,
     "memory-cost": table_memory_cost,
 }
 
@@ -455,7 +461,7 @@ AREAS: Dict[str, List[str]] = {
     "top-k": ["topk-summary", "topk-passkey", "topk-cost"],
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
     "receptive-fields": ["trf", "erf"],
-    "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-cost"],
+    "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-cost"],
 }
 
 
