@@ -428,3 +428,36 @@ def test_ceiling_with_far_cells_behind_another_sequence(tiny, ceiling):
         llama_cpp.llama_free(ctx)
         llm.close()
     check(got, forward(model, tokens, cfg), f"ceiling {ceiling}, sinks after another sequence's cells")
+
+
+def test_a_rollback_on_a_rebased_stream_removes_the_callers_positions(tiny):
+    """llama-cpp-python rolls a cache back with kv_cache_seq_rm(-1, n_tokens, -1) (every sequence, caller
+    positions). On a re-based stream those positions are not the memory's: the call is made for each sequence with
+    its own translation (before, it removed nothing and the next decode failed on inconsistent positions)."""
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    model, path, _ = tiny
+    tokens = np.random.default_rng(9).integers(3, model.n_vocab, size=2000).tolist()
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=32, rollback=16),
+                                  n_ctx=128, n_batch=16, n_ubatch=16, n_threads=2, verbose=False, type_k=0, type_v=0)
+
+    def last_logits():
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
+
+    try:
+        llm.eval(tokens)
+        first = last_logits()
+        assert llama_extrapolate._core.seq_pos_offset(llama_extrapolate.context_address(llm)) > 1000
+        mem = llama_cpp.llama_get_memory(llm.ctx)
+        llm.n_tokens = 1990  # a prompt that differs in its last 10 tokens: within the rollback
+        llm.eval(tokens[1990:])
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 1999
+        again = last_logits()
+        assert llama_cpp.llama_memory_seq_rm(mem, -1, 1995, -1)
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 1994
+    finally:
+        llm.close()
+    assert np.abs(again - first).max() < 1e-4
+    check(first[None], forward(model, tokens, RefAttention(sinks=4, window=32, ceiling=32))[-1:], "re-based stream")
