@@ -6,7 +6,9 @@ inside the attention. That rotation must be the one the model gave the layer:
 - Llama 3.x GGUFs carry frequency factors (``rope_freqs``): pair i turns 1/factor_i as fast; Phi-3 and others
   scale q and k by an attention factor as RoPE rotates them (the second rotation must not scale them again);
 - SmolLM3 leaves every fourth layer without RoPE (NoPE): its keys are never rotated, neither by the attention
-  nor by the K-shift that re-bases a long stream's positions.
+  nor by the K-shift that re-bases a long stream's positions;
+- YaRN scales the frequencies by a ramp over the pairs and q and k by 1 + 0.1 ln(factor) on every rotation;
+- Qwen2 rotates the halves of each head (NEOX), for every knob including the top-k keys and the memory.
 
 Tiny random models of each layout (f32 caches), the same cases as tests/test_attention.py and test_top_k.py.
 Before patch 0011 the first model was refused (rope_freqs, attention factor) and the second was wrong.
@@ -32,6 +34,7 @@ def _llama3() -> TinyLlama:
 FAMILIES = {
     "llama-rope-freqs": _llama3,
     "llama-yarn": lambda: TinyLlama(yarn_factor=4.0),
+    "qwen2-neox": lambda: TinyLlama(arch="qwen2"),
     "smollm3-nope": lambda: TinyLlama(arch="smollm3", n_layer=4),
 }
 
