@@ -461,3 +461,43 @@ def test_a_rollback_on_a_rebased_stream_removes_the_callers_positions(tiny):
         llm.close()
     assert np.abs(again - first).max() < 1e-4
     check(first[None], forward(model, tokens, RefAttention(sinks=4, window=32, ceiling=32))[-1:], "re-based stream")
+
+
+def test_a_stream_fed_without_positions_is_rebased_too(tiny):
+    """llama_decode with batch.pos = NULL (positions continue from the cache): the batch takes the caller's next
+    positions and is re-based like any other (before, such a stream was never re-based: its memory positions grew
+    with the stream, where float32 RoPE angles lose precision past ~1e6)."""
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    model, path, _ = tiny
+    tokens = np.random.default_rng(9).integers(3, model.n_vocab, size=2000).tolist()
+    cfg = dict(sinks=4, window=32, ceiling=32)
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(**cfg, rollback=0), n_ctx=64, n_batch=16,
+                                  n_ubatch=16, n_threads=2, verbose=False, type_k=0, type_v=0)
+    n_vocab = llm.n_vocab()
+    batch = llama_cpp.llama_batch_init(16, 0, 1)
+    pos = batch.pos
+    got = np.empty((len(tokens), n_vocab))
+    try:
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+        batch.pos = None
+        for start in range(0, len(tokens), 16):
+            chunk = tokens[start:start + 16]
+            batch.n_tokens = len(chunk)
+            for i, t in enumerate(chunk):
+                batch.token[i], batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = t, 1, 0, True
+            assert llama_cpp.llama_decode(llm.ctx, batch) == 0, f"decode failed at {start}"
+            got[start:start + len(chunk)] = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx),
+                                                                   shape=(len(chunk), n_vocab))
+        mem = llama_cpp.llama_get_memory(llm.ctx)
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 1999
+        offset = llama_extrapolate._core.seq_pos_offset(llama_extrapolate.context_address(llm))
+    finally:
+        batch.pos = pos
+        llama_cpp.llama_batch_free(batch)
+        llm.close()
+    assert offset > 1800, offset
+    err = np.abs(got - forward(model, tokens, RefAttention(**cfg))).max()
+    assert err < 5e-3, err
