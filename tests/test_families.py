@@ -188,6 +188,24 @@ def test_knob_support_says_what_loading_does(family, tiny_mpt_model, tiny_llama)
         assert all(reason is None for reason in _support_holds(path).values()), path
 
 
+def test_knob_support_without_a_position_encoding_gives_the_configurations_reasons(tiny_llama):
+    """No llama.cpp architecture here loads without RoPE or ALiBi (gpt2 needs its own tensors): the model's facts
+    say "none" instead, and the reasons knob_support gives are those AttentionConfig raises."""
+    from dataclasses import replace
+
+    from llama_extrapolate import AttentionConfig, knob_support, read_model_info
+
+    none = replace(read_model_info(tiny_llama[1]), position_encoding="none", rope_type=None)
+    support = knob_support(none)
+    assert support["lambda"] is None and support["temperature"] is None and support["top_k"] is None
+    AttentionConfig(**dict(KNOB_CONFIGS["top_k"], ceiling=0)).resolve(none)
+    # each knob alone (the memory's configuration without its ceiling, whose refusal would come first)
+    for knob, cfg in (("ceiling", KNOB_CONFIGS["ceiling"]), ("memory", dict(KNOB_CONFIGS["memory"], ceiling=0))):
+        with pytest.raises(ValueError) as err:
+            AttentionConfig(**cfg).resolve(none)
+        assert support[knob] is not None and support[knob] in str(err.value), (knob, support[knob], str(err.value))
+
+
 def test_sliding_window_layers_are_shown_and_the_lambda_window_refused(tmp_path):
     """Gemma 3's sliding-window layers keep their own window: a Lambda window would apply to them as well, so it
     is refused at load with the reason (before, it loaded and changed the sliding-window layers' attention)."""

@@ -61,7 +61,7 @@ def _field_value(field) -> Any:
 
 
 def _layout_from_library(path: Path) -> dict:
-    """Ask the patched llama.cpp (vocab-only load) how it builds the architecture: RoPE type, NoPE and
+    """Ask the patched llama.cpp (native.model_layout) how it builds the architecture: RoPE type, NoPE and
     sliding-window layers."""
     from . import logs
     from .native import model_layout  # loaded on the patched library by the package import
@@ -195,12 +195,16 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
 
     swa = "sliding-window layers" if info.swa_layers else None
     rotated = None
-    if info.position_encoding == "rope":
+    ceiling = None
+    if info.position_encoding == "none":
+        ceiling = "has no position encoding (no RoPE, no ALiBi)"  # AttentionConfig.resolve's refusals
+    elif info.position_encoding == "rope":
         if info.rope_type not in ("normal", "neox"):
             rotated = "multi-section RoPE"
         elif swa:
             rotated = "sliding-window layers with their own RoPE base"
     memory = rotated
     if info.position_encoding not in MEMORY_POSITION_ENCODINGS:
-        memory = f"position encoding {info.position_encoding} (the memory needs RoPE or ALiBi)"
-    return {"lambda": swa, "ceiling": rotated, "temperature": None, "top_k": swa or rotated, "memory": swa or memory}
+        memory = "the document memory scores its keys at a bounded distance through RoPE or ALiBi"
+    return {"lambda": swa, "ceiling": ceiling or rotated, "temperature": None, "top_k": swa or rotated,
+            "memory": swa or memory}
