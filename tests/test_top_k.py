@@ -110,6 +110,33 @@ def test_question_scope_reads_with_plain_lambda_then_selects(tiny):
     assert np.abs(got - ref).max() < TOL
 
 
+def test_question_tokens_switch_the_middle_keys_on_for_the_end_of_each_prompt(tiny):
+    """question_tokens=n: llama-cpp-python's own calls (create_completion, the server) read the last n tokens of a
+    prompt and the answer with the middle keys, the rest without: the oracle's question scope from there. A
+    second prompt that continues the stream again reads only its end with them."""
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny
+    cfg = dict(LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16)
+    llm = make_llm(path, AttentionConfig(**cfg, top_k_scope="question"), question_tokens=50)
+    try:
+        llm.reset()
+        llm.eval(tokens[:250])  # the question: tokens 200-249
+        assert llm.top_k_state == (3, 1, 16)
+        first = scores(llm, 250)
+    finally:
+        llm.close()
+    ref, _ = reference(model, tokens[:250], **cfg, top_k_from=200)
+    assert np.abs(first - ref).max() < TOL
+    plain, _ = reference(model, tokens[:250], **cfg, top_k_from=250)
+    assert np.abs(ref[200:] - plain[200:]).max() > 0.5  # the switch is seen
+
+    with pytest.raises(ValueError, match="question_tokens=0"):
+        make_llm(path, AttentionConfig(**cfg, top_k_scope="question"), question_tokens=0)
+    with pytest.raises(ValueError, match="top_k_scope='question'"):
+        make_llm(path, AttentionConfig(**cfg), question_tokens=50)
+
+
 def test_k_layer_distance_change_between_decodes_and_off_is_lambda(tiny):
     from llama_extrapolate import AttentionConfig
 

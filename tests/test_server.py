@@ -1,0 +1,193 @@
+"""`llama-extrapolate serve` as a client sees it: a subprocess on a free port, asked with the official openai client.
+
+One server (default model, window 1024, the document memory) serves most tests in turn, as a chat front-end would:
+a long document, the second question about it, two clients at once, a client that leaves mid-answer, requests it
+must refuse. The reading is the slow part (about 20k tokens once), so the tests share that stream.
+"""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai", reason="the server tests need the openai client: pip install '.[test]'")
+pytest.importorskip("llama_cpp.server.app", reason="llama-extrapolate serve needs llama-cpp-python[server]")
+import httpx  # noqa: E402  (installed with openai)
+
+from conftest import clean_env  # noqa: E402
+from llama_extrapolate.corpora import paul_graham_essays  # noqa: E402
+
+WINDOW = 1024
+CAPACITY = 32768
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args: str, tmp_path) -> None:
+        self.port = free_port()
+        self.log = tmp_path / f"serve-{self.port}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_extrapolate", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+             "--verbose", "false", *args],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT, env=clean_env())
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.log.read_text()[-3000:]}")
+            try:
+                httpx.get(self.url + "/v1/models", timeout=2)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            self.stop()
+            raise RuntimeError(f"the server did not start in 120 s: {self.log.read_text()[-3000:]}")
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", timeout=900, max_retries=0)
+
+    def stats(self) -> dict:
+        return httpx.get(self.url + "/extrapolate/stats", timeout=30).json()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server("--window", str(WINDOW), "--memory_capacity", str(CAPACITY), "--n_threads", "2",
+               tmp_path=tmp_path_factory.mktemp("serve"))
+    yield s
+    s.stop()
+
+
+def document(n_chars: int) -> str:
+    return paul_graham_essays()[:n_chars]
+
+
+LONG = document(85_000)  # about 20k tokens of SmolLM2
+QUESTION = "In one sentence, what is the text above about?"
+
+
+def ask(server, content: str, max_tokens: int = 16, stream: bool = False, **kw):
+    messages = [{"role": "user", "content": content}]
+    if not stream:
+        r = server.client.chat.completions.create(model="default", messages=messages, max_tokens=max_tokens,
+                                                  temperature=0, **kw)
+        return r.choices[0].message.content, r.usage
+    pieces = []
+    for chunk in server.client.chat.completions.create(model="default", messages=messages, max_tokens=max_tokens,
+                                                       temperature=0, stream=True, **kw):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    return "".join(pieces), None
+
+
+def test_long_document_then_second_question_reuses_the_stream(server):
+    """A 20k-token prompt (far beyond the window's 1,024 and the cache's cells) is answered; the second question
+    about the same document reads only the new tokens, streamed."""
+    text, usage = ask(server, f"{LONG}\n\n{QUESTION}")
+    assert usage.prompt_tokens > 20_000, usage
+    assert text.strip(), "empty answer"
+    first = server.stats()
+    assert first["last_prompt"]["read"] == usage.prompt_tokens and first["last_prompt"]["reused"] == 0, first
+    assert first["memory"]["n_blocks"] > 250, first  # what left the window went to the memory
+
+    text2, _ = ask(server, f"{LONG}\n\nWho wrote the text above?", stream=True)
+    assert text2.strip(), "empty streamed answer"
+    second = server.stats()["last_prompt"]
+    assert second["reused"] > usage.prompt_tokens - 64, second  # the document was not read again
+    assert second["read"] < 64, second
+    assert second["seconds"] < first["last_prompt"]["seconds"] / 5, (first, second)
+
+
+def test_two_clients_at_once_do_not_mix(server):
+    """Two documents asked at the same time are served in turn, each answer the one it gets alone."""
+    docs = [document(3000), paul_graham_essays()[200_000:203_000]]
+    alone = [ask(server, f"{d}\n\n{QUESTION}")[0] for d in docs]
+    together = [None, None]
+
+    def client(i):
+        together[i] = ask(server, f"{docs[i]}\n\n{QUESTION}", stream=(i == 1))[0]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert together == alone
+    assert alone[0] != alone[1]
+
+
+def test_client_leaving_mid_answer_stops_the_decode(server):
+    """A streaming client that closes after two pieces: the decode stops there (not max_tokens later), and the
+    next request is served."""
+    prompt = document(2000)
+    before = server.stats()["tokens_decoded"]
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=600,
+                      json={"prompt": prompt, "max_tokens": 400, "temperature": 0, "stream": True,
+                            "logit_bias": {"<|endoftext|>": -100, "<|im_end|>": -100},
+                            "logit_bias_type": "tokens"}) as r:
+        got = 0
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                got += 1
+                if got == 2:
+                    break
+    time.sleep(3)
+    decoded = server.stats()["tokens_decoded"] - before
+    assert decoded < len(prompt) // 3 + 200, f"{decoded} tokens decoded after the client left"
+    text, _ = ask(server, f"{document(1500)}\n\n{QUESTION}")
+    assert text.strip()
+
+
+def test_prompt_beyond_the_memory_is_a_400_and_the_server_goes_on(server):
+    """A prompt longer than the memory holds: HTTP 400 naming memory_capacity, before any reading; then a normal
+    request is served."""
+    too_long = paul_graham_essays()[: 4 * CAPACITY + 40_000]
+    with pytest.raises(openai.BadRequestError) as exc:
+        ask(server, too_long)
+    assert "memory_capacity" in str(exc.value)
+    text, _ = ask(server, f"{document(1500)}\n\n{QUESTION}")
+    assert text.strip()
+
+
+def test_bad_attention_settings_stop_the_server_with_the_reason(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "llama_extrapolate", "serve", "--window", "100", "--sinks", "500",
+                           "--port", str(free_port())], capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "sinks" in proc.stderr and "window" in proc.stderr, proc.stderr
+
+    proc = subprocess.run([sys.executable, "-m", "llama_extrapolate", "serve", "--n_ctx", "600", "--window", "1024",
+                           "--port", str(free_port())], capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert proc.returncode == 2 and "n_ctx=600" in proc.stderr, proc.stderr
+
+
+def test_config_file_models_take_attention_settings(tmp_path, default_model):
+    """llama-cpp-python's config file, with the attention settings in the model: read back from the library."""
+    config = tmp_path / "serve.json"
+    config.write_text(json.dumps({"models": [{"model": str(default_model), "model_alias": "smol", "window": 256,
+                                              "sinks": 4, "memory_blocks": 0, "verbose": False}]}))
+    s = Server("--config_file", str(config), tmp_path=tmp_path)
+    try:
+        models = httpx.get(s.url + "/v1/models", timeout=30).json()
+        assert [m["id"] for m in models["data"]] == ["smol"]
+        text, usage = ask(s, f"{document(4000)}\n\n{QUESTION}")
+        assert usage.prompt_tokens > 256 and text.strip()
+        st = s.stats()
+        assert st["memory"] is None and st["stream_tokens"] > 256
+        assert (st["attention"]["window"], st["attention"]["sinks"]) == (256, 4)
+    finally:
+        s.stop()
