@@ -37,6 +37,8 @@ class RefAttention:
     # the keys a query no longer sees in the block at the window's edge (not wholly behind the window of its
     # ubatch's first query, so not selectable) are middle keys too; False: as the library did before they were
     memory_edge: bool = True
+    # with top_k >= m*B the blocks are read in the order of the text (the library's rule, None); False: at D
+    memory_order: Optional[bool] = None
 
     def middle(self, p: int, j: np.ndarray) -> np.ndarray:
         return (j <= p) & (j >= self.sinks) & (p - j >= self.window) if self.window > 0 else np.zeros(len(j), bool)
@@ -224,12 +226,21 @@ def _memory_heads(q_i, kh, vh, keys, logits, positions, cfg, layer, tau, group, 
     hidden = np.nonzero(cfg.middle(p, positions))[0]
     edge = hidden[(positions[hidden] - cfg.sinks) // B >= n_sel] if cfg.memory_edge else hidden[:0]
     for h in range(H):
-        toks = (cfg.sinks + sel[h // group][:, None] * B + np.arange(B)[None, :]).ravel()
+        blocks = np.sort(sel[h // group])
+        m = len(blocks)
+        toks = (cfg.sinks + blocks[:, None] * B + np.arange(B)[None, :]).ravel()
         mid = np.nonzero(np.isin(positions, toks))[0]
         assert len(mid) == len(toks), "a selected block lies outside the sequence"
         assert not np.isin(mid, edge).any(), "a selected block is not wholly behind the window"
+        d_mid = np.full(len(mid) + len(edge), cfg.top_k_distance)
+        if (cfg.top_k >= m * B if cfg.memory_order is None else cfg.memory_order) and alibi_slopes is None:
+            # every key of the blocks is a middle key: they are read in the order of the text behind D (RoPE), the
+            # block ranked r of the m (ascending block index) at D + (m - 1 - r)*B, its token o at + B - 1 - o, so
+            # the m blocks read as one passage that ends D tokens before the query (a smaller top_k: all at D).
+            # mid is in position order: rank r of the block, o of the token in it
+            rank, o = np.divmod(np.arange(len(mid)), B)
+            d_mid[:len(mid)] += (m - 1 - rank) * B + (B - 1 - o)
         mid = np.concatenate([mid, edge])
-        d_mid = np.full(len(mid), cfg.top_k_distance)
         mid_logits = _scores(q_i, kh[mid], d_mid, D, rope_base, neox, alibi_slopes)[h] / tau[h]
         order = np.argsort(-mid_logits, kind="stable")
         if margin is not None:

@@ -105,11 +105,14 @@ def test_knobs_match_the_oracle(family, case, ubatch):
     assert err < TOL, f"{name}, {case}, ubatch {ubatch}: max |llama.cpp - oracle| = {err}"
 
 
-def test_document_memory_matches_the_oracle_given_its_selection(family, tmp_path):
+@pytest.mark.parametrize("top_k", [3, 64])
+def test_document_memory_matches_the_oracle_given_its_selection(family, tmp_path, top_k):
+    """top_k = 3: keys picked among the blocks, at D; 64 = m*B: the whole blocks in the order of the text (the
+    layer's own RoPE rotates them: frequency factors, YaRN, NEOX; NoPE layers keep them at D)."""
     from llama_extrapolate import AttentionConfig
 
     name, model, path, tokens = family
-    cfg = dict(LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16)
+    cfg = dict(LAMBDA, top_k=top_k, top_k_layer=1, top_k_distance=16)
     llm = make_llm(path, AttentionConfig(**cfg, top_k_scope="question", memory_blocks=2, memory_block_size=32),
                    memory_type="f32", memory_capacity=512)
     try:
@@ -122,9 +125,10 @@ def test_document_memory_matches_the_oracle_given_its_selection(family, tmp_path
                   margin=margin)
     plain = forward(model, tokens, RefAttention(**LAMBDA))
     assert np.abs(ref[250:] - plain[250:]).max() > 0.5, "the memory must change the answer's logits"
-    assert margin.gap > 1e-4, f"top-k choice ill-defined (gap {margin.gap})"
+    if top_k < 64:
+        assert margin.gap > 1e-4, f"top-k choice ill-defined (gap {margin.gap})"
     err = np.abs(got - ref).max()
-    assert err < TOL, f"{name}, memory: max |llama.cpp - oracle| = {err}"
+    assert err < TOL, f"{name}, memory, top_k {top_k}: max |llama.cpp - oracle| = {err}"
 
 
 def test_a_long_stream_is_rebased_and_stays_exact(family):
