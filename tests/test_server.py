@@ -20,6 +20,7 @@ import httpx  # noqa: E402  (installed with openai)
 
 from conftest import clean_env  # noqa: E402
 from llama_extrapolate.corpora import paul_graham_essays  # noqa: E402
+from llama_extrapolate.server import ServerProcess  # noqa: E402
 
 WINDOW = 1024
 CAPACITY = 32768
@@ -31,38 +32,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
+class Server(ServerProcess):
     def __init__(self, *args: str, tmp_path) -> None:
-        self.port = free_port()
-        self.log = tmp_path / f"serve-{self.port}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llama_extrapolate", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-             "--verbose", "false", *args],
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT, env=clean_env())
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.log.read_text()[-3000:]}")
-            try:
-                httpx.get(self.url + "/v1/models", timeout=2)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        else:
-            self.stop()
-            raise RuntimeError(f"the server did not start in 120 s: {self.log.read_text()[-3000:]}")
+        super().__init__(*args, log_path=tmp_path / "serve.log", env=clean_env())
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", timeout=900, max_retries=0)
-
-    def stats(self) -> dict:
-        return httpx.get(self.url + "/extrapolate/stats", timeout=30).json()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 @pytest.fixture(scope="module")

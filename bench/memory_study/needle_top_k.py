@@ -2,11 +2,11 @@
 
 Each prompt of `llama-extrapolate`'s needle task (the memory benchmark's prompts: same seeds) is read once with the
 Λ cache and the memory (question scope), the stream is saved, and the question is asked from that state with each
-top_k given: top_k = 5 picks keys one by one among the selected blocks (each at distance D); top_k >= m*B + B takes
-every key of the m selected blocks and of the block at the window's edge, and patch 0012 reads the blocks in the
-order of the text behind D. One JSON line per answer, so a run stopped halfway keeps what it did.
+top_k given: top_k = 5 picks keys one by one among the selected blocks (each at distance D); top_k = m*B (the
+most AttentionConfig allows) takes the best m*B of the keys of the m selected blocks and of the block at the
+window's edge, and patch 0012 reads the blocks in the order of the text behind D. One JSON line per answer, so a run stopped halfway keeps what it did.
 
-    python bench/memory_study/needle_top_k.py --model qwen2.5-coder-0.5b --length 8192 --top-k 5,1088 \
+    python bench/memory_study/needle_top_k.py --model qwen2.5-coder-0.5b --length 8192 --top-k 5,1024 \
         -o bench/memory_study/needle_top_k.jsonl
 """
 
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--length", type=int, required=True)
     ap.add_argument("--depths", default="0,0.25,0.5,0.75,1")
     ap.add_argument("--trial", type=int, default=0)
-    ap.add_argument("--top-k", default="5,1088", help="comma-separated top_k values to ask with")
+    ap.add_argument("--top-k", default="5,1024", help="comma-separated top_k values to ask with")
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("-o", "--output", required=True)
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                 llm.set_top_k(k)
                 t1 = time.perf_counter()
                 answer = llm.detokenize(stream.ask(prompt.tokens[prompt.question_start:], 10)).decode(errors="replace")
-                row = dict(model=info.path.name if hasattr(info.path, "name") else str(info.path), length=args.length,
+                row = dict(model=Path(model).name, length=args.length,
                            depth=depth, trial=args.trial, top_k=k, key=prompt.key, answer=answer.strip(),
                            found=tasks.first_number(answer) == prompt.key, read_s=round(read_s, 1),
                            ask_s=round(time.perf_counter() - t1, 2),

@@ -248,6 +248,60 @@ def read_config_file(path: str) -> ExtrapolateConfigFile:
         return ExtrapolateConfigFile.model_validate_json(f.read())
 
 
+class ServerProcess:
+    """``llama-extrapolate serve`` in a subprocess on a free local port, up when the constructor returns (the tests
+    and bench/server.py drive it as a client would); ``stop()`` ends it."""
+
+    def __init__(self, *args: str, log_path, env: Optional[dict] = None, start_timeout: float = 120) -> None:
+        import socket
+        import subprocess
+        import time
+
+        import httpx
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_extrapolate", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+             "--verbose", "false", *args], stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + start_timeout
+        while True:
+            if self.proc.poll() is not None:
+                self._log.close()
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.log()}")
+            try:
+                httpx.get(self.url + "/v1/models", timeout=2)
+                return
+            except httpx.HTTPError:
+                if time.time() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"the server did not start in {start_timeout:.0f} s: {self.log()}")
+                time.sleep(0.5)
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()[-3000:]
+
+    def stats(self) -> dict:
+        import httpx
+
+        return httpx.get(self.url + "/extrapolate/stats", timeout=30).json()
+
+    def stop(self) -> None:
+        import subprocess
+
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._log.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llama-extrapolate serve",
