@@ -164,3 +164,22 @@ def test_config_file_models_take_attention_settings(tmp_path, default_model):
         assert (st["attention"]["window"], st["attention"]["sinks"]) == (256, 4)
     finally:
         s.stop()
+
+
+def test_cache_keeps_the_streams_of_other_documents(tmp_path):
+    """--cache true (llama-cpp-python's RAM cache of states, with the memory's blocks in each): a user going back
+    to a document read before another is served from the cache, not by reading it again."""
+    s = Server("--window", "512", "--memory_capacity", "8192", "--n_threads", "2", "--cache", "true",
+               "--cache_size", str(1 << 30), tmp_path=tmp_path)
+    try:
+        docs = [document(8000), paul_graham_essays()[300_000:308_000]]
+        first = []
+        for d in docs:
+            ask(s, f"{d}\n\n{QUESTION}", max_tokens=8)
+            first.append(s.stats()["last_prompt"])
+            assert first[-1]["reused"] == 0, first
+        ask(s, f"{docs[0]}\n\n{QUESTION}", max_tokens=8)
+        again = s.stats()["last_prompt"]
+        assert again["tokens"] == first[0]["tokens"] and again["read"] <= 2, (first, again)
+    finally:
+        s.stop()
