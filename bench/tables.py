@@ -428,6 +428,17 @@ def table_memory_cost(r: Path) -> str:
                "memory RAM MiB", "speed / RSS vs Λ"], rows)
 
 
+def table_server_ttft(r: Path) -> str:
+    """`llama-extrapolate serve`: time to the first answer token, a long document's first question and a second
+    question on the same document (the stream reused)."""
+    d = load("server_ttft.json", r)
+    rows = []
+    for q in d["questions"]:
+        rows.append(["first" if q["question"] == 1 else "second, same document", f"{q['tokens']:,}", f"{q['read']:,}",
+                     f"{q['reused']:,}", f"{q['first_token_s']:,.2f} s", f"{q['answer_s']:,.1f} s"])
+    return md(["question", "prompt tokens", "read", "reused", "first token", "whole answer"], rows)
+
+
 # --- registry ---------------------------------------------------------------------------------------------------
 
 TABLES: Dict[str, Callable[[Path], str]] = {
@@ -453,6 +464,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-qwen": table_memory_qwen,
     "memory-needle-qwen": table_memory_needle_qwen,
     "memory-cost": table_memory_cost,
+    "server-ttft": table_server_ttft,
 }
 
 AREAS: Dict[str, List[str]] = {
@@ -462,6 +474,7 @@ AREAS: Dict[str, List[str]] = {
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
     "receptive-fields": ["trf", "erf"],
     "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-cost"],
+    "server": ["server-ttft"],
 }
 
 
