@@ -6,7 +6,6 @@ must refuse. The reading is the slow part (about 20k tokens once), so the tests 
 """
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -20,16 +19,10 @@ import httpx  # noqa: E402  (installed with openai)
 
 from conftest import clean_env  # noqa: E402
 from llama_extrapolate.corpora import paul_graham_essays  # noqa: E402
-from llama_extrapolate.server import ServerProcess  # noqa: E402
+from llama_extrapolate.server import ServerProcess, free_port  # noqa: E402
 
 WINDOW = 1024
 CAPACITY = 32768
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server(ServerProcess):

@@ -190,6 +190,21 @@ def _attention_from_args(args: argparse.Namespace, info):
 DEFAULT_RUN_MEMORY_BLOCKS = 16
 
 
+def _default_memory(args, info) -> Optional[str]:
+    """The memory is on by default where it can be (RoPE or ALiBi, and a window): with ``args.memory_blocks`` unset,
+    set it to the default there; elsewhere leave it off and return why (run and serve share the rule)."""
+    from .config import MEMORY_POSITION_ENCODINGS
+
+    if args.memory_blocks is not None:
+        return None
+    if info.position_encoding not in MEMORY_POSITION_ENCODINGS:
+        return f"document memory off: it needs RoPE or ALiBi and {info.architecture} uses {info.position_encoding}"
+    if args.window == 0:
+        return "document memory off: full attention (--window 0) keeps every key"
+    args.memory_blocks = DEFAULT_RUN_MEMORY_BLOCKS
+    return None
+
+
 def _memory_type(info) -> str:
     """How the memory stores keys and values when not told: q8_0 quantizes 32 values at a time, so a head of
     another size is stored in f16."""
@@ -202,7 +217,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from . import reader, resources
-    from .config import MEMORY_POSITION_ENCODINGS
     from .llama import Llama
     from .model_info import read_model_info
 
@@ -214,15 +228,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     document = reader.read_text_file(args.file)
     info = read_model_info(model)
     notes = []
-    if args.memory_blocks is None:
-        # the memory is on by default where it can be: RoPE or ALiBi and a window (--state saves it with the stream)
-        if info.position_encoding not in MEMORY_POSITION_ENCODINGS:
-            notes.append(f"document memory off: it needs RoPE or ALiBi and {info.architecture} uses "
-                         f"{info.position_encoding}")
-        elif args.window == 0:
-            notes.append("document memory off: full attention (--window 0) keeps every key")
-        else:
-            args.memory_blocks = DEFAULT_RUN_MEMORY_BLOCKS
+    off = _default_memory(args, info)
+    if off:
+        notes.append(off)
     _at_least(args, "memory_blocks", 0)
     attention = _attention_from_args(args, info)
     resolved = attention.resolve(info)

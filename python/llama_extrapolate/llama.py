@@ -57,6 +57,7 @@ class Llama(llama_cpp.Llama):
                  question_tokens: Optional[int] = None, **kwargs: Any) -> None:
         self.tokens_decoded = 0  # every token eval decoded, prompts and answers
         self.last_prompt: Optional[PromptReport] = None
+        self.memory_capacity: Optional[int] = None  # tokens the document memory holds, once it is open
         if attention is not None and not isinstance(attention, AttentionConfig):
             raise TypeError(f"attention={attention!r} must be an AttentionConfig (or None for vanilla attention)")
         self.attention = attention if attention is not None else AttentionConfig.vanilla()
@@ -314,10 +315,10 @@ class Llama(llama_cpp.Llama):
     def generate(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:
         """llama-cpp-python's generation, recording in ``last_prompt`` how much of the prompt was read."""
         tokens = list(tokens)
-        capacity = getattr(self, "memory_capacity", None)
-        if capacity is not None and len(tokens) > capacity:
-            raise ValueError(f"the prompt has {len(tokens)} tokens and the document memory holds {capacity} "
-                             "(memory_capacity): shorten the prompt, or load the model with a larger memory_capacity")
+        if self.memory_capacity is not None and len(tokens) > self.memory_capacity:
+            raise ValueError(f"the prompt has {len(tokens)} tokens and the document memory holds "
+                             f"{self.memory_capacity} (memory_capacity): shorten the prompt, or load the model with a "
+                             "larger memory_capacity")
         t0, before = time.perf_counter(), self.tokens_decoded
         first = True
         for token in super().generate(tokens, *args, **kwargs):

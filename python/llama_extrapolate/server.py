@@ -33,11 +33,10 @@ except ImportError as exc:  # the server's packages are an extra
     raise ImportError(f"llama-extrapolate serve needs the server packages ({exc.name} is missing): "
                       "pip install 'llama-extrapolate[server]'") from exc
 
-from .config import MEMORY_POSITION_ENCODINGS
+from .cli import DEFAULT_RUN_MEMORY_BLOCKS
+from .llama import DEFAULT_MEMORY_CAPACITY
 
-DEFAULT_MEMORY_BLOCKS = 16
 DEFAULT_QUESTION_TOKENS = 128
-DEFAULT_MEMORY_CAPACITY = 131072
 
 
 class ExtrapolateModelSettings(ModelSettings):
@@ -59,7 +58,7 @@ class ExtrapolateModelSettings(ModelSettings):
     top_k_layer: Optional[int] = Field(default=None, ge=0, description="first layer with the middle keys (5)")
     top_k_distance: Optional[int] = Field(default=None, ge=1, description="distance they are scored at (C/2)")
     memory_blocks: Optional[int] = Field(default=None, ge=0, description=(
-        f"document memory: blocks each head selects for the question (default {DEFAULT_MEMORY_BLOCKS} where the "
+        f"document memory: blocks each head selects for the question (default {DEFAULT_RUN_MEMORY_BLOCKS} where the "
         "model's position encoding allows; 0: off)"))
     memory_block_size: Optional[int] = Field(default=None, ge=32, description="tokens per block (64)")
     memory_type: Optional[Literal["q8_0", "q4_0", "f16", "f32"]] = Field(
@@ -92,10 +91,6 @@ class ExtrapolateConfigFile(ExtrapolateServerSettings):
     models: List[ExtrapolateModelSettings] = Field(default=[], description="model configs")
 
 
-class RequestRefused(ValueError):
-    """A request the server answers with HTTP 400: the message says what to change."""
-
-
 def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
     """The model path, ``Llama`` keywords and cache size the settings ask for (checked, errors name the setting)."""
     from . import cli
@@ -106,9 +101,7 @@ def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
     args = argparse.Namespace(**{k: getattr(settings, k) for k in (
         "window", "sinks", "ceiling", "top_k", "top_k_layer", "top_k_distance", "memory_blocks", "memory_block_size",
         "profile", "profile_mode")})
-    if args.memory_blocks is None:
-        on = info.position_encoding in MEMORY_POSITION_ENCODINGS and args.window != 0
-        args.memory_blocks = DEFAULT_MEMORY_BLOCKS if on else 0
+    cli._default_memory(args, info)
     attention = cli._attention_from_args(args, info)
     resolved = attention.resolve(info)
     kwargs: Dict[str, Any] = dict(attention=attention)
@@ -248,20 +241,26 @@ def read_config_file(path: str) -> ExtrapolateConfigFile:
         return ExtrapolateConfigFile.model_validate_json(f.read())
 
 
+def free_port() -> int:
+    """A local TCP port nothing listens on now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class ServerProcess:
     """``llama-extrapolate serve`` in a subprocess on a free local port, up when the constructor returns (the tests
     and bench/server.py drive it as a client would); ``stop()`` ends it."""
 
     def __init__(self, *args: str, log_path, env: Optional[dict] = None, start_timeout: float = 120) -> None:
-        import socket
         import subprocess
         import time
 
         import httpx
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "w")
