@@ -463,6 +463,41 @@ def test_a_rollback_on_a_rebased_stream_removes_the_callers_positions(tiny):
     check(first[None], forward(model, tokens, RefAttention(sinks=4, window=32, ceiling=32))[-1:], "re-based stream")
 
 
+def test_the_cache_refuses_to_go_back_past_its_rollback_margin(tiny):
+    """llama_memory_seq_rm on a bounded stream (patch 0013): back within the rollback margin, or to the sinks, it
+    works; further back, where the window's keys are freed, it returns false and leaves the stream as it was (a C
+    caller, llama-server among them, then reads its prompt again), for one sequence and for every sequence (-1)."""
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    model, path, _ = tiny
+    tokens = np.random.default_rng(4).integers(3, model.n_vocab, size=200).tolist()
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=32, rollback=16),
+                                  n_ctx=128, n_batch=16, n_ubatch=16, n_threads=2, verbose=False, type_k=0, type_v=0)
+    try:
+        mem = llama_cpp.llama_get_memory(llm.ctx)
+        llm.eval(tokens[:40])  # S + W + R = 52 > 40: nothing freed yet, any rollback works
+        assert llama_cpp.llama_memory_seq_rm(mem, 0, 10, -1)
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 9
+        llm.n_tokens = 10
+        llm.eval(tokens[10:200])
+        for seq in (0, -1):
+            assert not llama_cpp.llama_memory_seq_rm(mem, seq, 150, -1), f"seq {seq}: 150 < 200 - 16"
+            assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 199
+        assert llama_cpp.llama_memory_seq_rm(mem, 0, 190, -1)  # within the margin
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 189
+        assert llama_cpp.llama_memory_seq_rm(mem, 0, 3, -1)  # back to the sinks
+        assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == 2
+        llm.n_tokens = 3
+        llm.eval(tokens[3:60])
+        got = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
+    finally:
+        llm.close()
+    check(got[None], forward(model, tokens[:60], RefAttention(sinks=4, window=32, ceiling=32))[-1:],
+          "read again from the sinks")
+
+
 def test_a_stream_fed_without_positions_is_rebased_too(tiny):
     """llama_decode with batch.pos = NULL (positions continue from the cache): the batch takes the caller's next
     positions and is re-based like any other (before, such a stream was never re-based: its memory positions grew

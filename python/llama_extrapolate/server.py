@@ -19,6 +19,8 @@ import sys
 import threading
 from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence
 
+import numpy as np
+
 try:
     import llama_cpp
     import llama_cpp.server.app as upstream_app
@@ -241,6 +243,40 @@ def read_config_file(path: str) -> ExtrapolateConfigFile:
         return ExtrapolateConfigFile.model_validate_json(f.read())
 
 
+def llama_server_args(settings: ExtrapolateSettings) -> List[str]:
+    """The command line (after the binary) that runs llama.cpp's own ``llama-server``, built from the patched tree,
+    with the attention these settings give ``serve``: the attention as ``--override-kv`` metadata (the library reads
+    it at load), the cache sized for it, one slot (a stream serves one request at a time), the document memory's
+    and the question's options (patch 0014). Settings that metadata cannot carry are refused, not dropped."""
+    from .model_info import read_model_info
+
+    built = attention_settings(settings)
+    info = read_model_info(built["model"])
+    resolved = built["kwargs"]["attention"].resolve(info)
+    if resolved.points_lengths or not np.all(resolved.temperature == resolved.temperature.flat[0]):
+        raise ValueError(f"profile={settings.profile}: a temperature per layer or per length reaches llama.cpp "
+                         "through the C API only; llama-server takes GGUF metadata (one tau, or the log-length "
+                         "rule): use `llama-extrapolate serve` without --llama_server for this profile")
+    args = ["-m", built["model"], "-c", str(built["n_ctx"]), "-np", "1", "-fa", "off",
+            "-b", str(settings.n_batch), "-ub", str(min(settings.n_ubatch, settings.n_batch)),
+            "--host", settings.host, "--port", str(settings.port)]
+    if settings.n_threads:
+        args += ["-t", str(settings.n_threads)]
+    if settings.api_key:
+        args += ["--api-key", settings.api_key]
+    # one --override-kv with comma-separated values (llama.cpp takes the last of repeated options)
+    args += ["--override-kv", ",".join(f"{key}={'float' if isinstance(value, float) else 'int'}:{value}"
+                                       for key, value in resolved.kv_overrides(info.architecture).items())]
+    kwargs = built["kwargs"]
+    if resolved.memory:
+        args += ["--memory-capacity", str(kwargs["memory_capacity"]), "--memory-type", kwargs["memory_type"]]
+        if kwargs.get("memory_dir"):
+            args += ["--memory-dir", kwargs["memory_dir"]]
+    if "question_tokens" in kwargs:
+        args += ["--question-tokens", str(kwargs["question_tokens"])]
+    return args
+
+
 def free_port() -> int:
     """A local TCP port nothing listens on now."""
     import socket
@@ -273,13 +309,15 @@ class ServerProcess:
                 self._log.close()
                 raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.log()}")
             try:
-                httpx.get(self.url + "/v1/models", timeout=2)
-                return
+                # llama-server answers 503 while it loads the model
+                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
+                    return
             except httpx.HTTPError:
-                if time.time() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the server did not start in {start_timeout:.0f} s: {self.log()}")
-                time.sleep(0.5)
+                pass
+            if time.time() > deadline:
+                self.stop()
+                raise RuntimeError(f"the server did not start in {start_timeout:.0f} s: {self.log()}")
+            time.sleep(0.5)
 
     def log(self) -> str:
         with open(self.log_path) as f:
@@ -308,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "llama-extrapolate's attention: prompts far beyond the training length, the document memory "
                     "for the question, a document read once reused by the next question.")
     add_args_from_model(parser, ExtrapolateSettings)
+    parser.add_argument("--llama_server", metavar="BINARY", help=(
+        "run llama.cpp's own llama-server (built from the patched tree: python tools/upstream.py build "
+        "llama-server) with these settings, instead of llama-cpp-python's server; the command line is printed"))
     parser.add_argument("--config_file", help="JSON or YAML file of server settings and models (llama-cpp-python's "
                                               "format, with the attention settings in each model)")
     return parser
@@ -328,6 +369,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             server = parse_model_from_args(ExtrapolateServerSettings, args)
             models = [parse_model_from_args(ExtrapolateModelSettings, args)]
+        if args.llama_server:
+            if len(models) != 1:
+                raise ValueError(f"--llama_server serves one model; the config file has {len(models)}")
+            settings = ExtrapolateSettings.model_validate({**server.model_dump(), **models[0].model_dump()})
+            command = [args.llama_server, *llama_server_args(settings)]
+            print(" ".join(command), file=sys.stderr, flush=True)
+            os.execv(args.llama_server, command)
         app = create_app(server, models)
     except (ValueError, OSError) as exc:
         print(f"llama-extrapolate serve: {exc}", file=sys.stderr)

@@ -1,0 +1,194 @@
+"""llama.cpp's own `llama-server`, built from the patched tree, with the attention given as `--override-kv` metadata
+(patch 0014), asked with the official openai client as a chat front-end would.
+
+The binary is built by tools/upstream.py from the llama.cpp tree `pip install .` patched (a few minutes, once); an
+install from a wheel has no such tree, and these tests are skipped with that reason. The server is started by
+`llama-extrapolate serve --llama_server BINARY`, which turns the same settings as `serve` into llama-server's
+command line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai", reason="the server tests need the openai client: pip install '.[test]'")
+pytest.importorskip("llama_cpp.server.app", reason="llama-extrapolate serve needs llama-cpp-python[server]")
+
+from conftest import clean_env  # noqa: E402
+from llama_extrapolate.corpora import paul_graham_essays  # noqa: E402
+from llama_extrapolate.server import ServerProcess, free_port  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+WINDOW = 1024
+CAPACITY = 32768
+SETTINGS = ("--window", str(WINDOW), "--memory_capacity", str(CAPACITY), "--n_threads", "2")
+
+
+def _upstream():
+    spec = importlib.util.spec_from_file_location("upstream", ROOT / "tools" / "upstream.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def binary():
+    up = _upstream()
+    try:
+        up.pip_build_dir()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return str(up.build(["llama-server"], quiet=True)["llama-server"])
+
+
+class LlamaServer(ServerProcess):
+    def __init__(self, binary: str, *args: str, tmp_path) -> None:
+        super().__init__("--llama_server", binary, *args, log_path=tmp_path / "llama-server.log", env=clean_env(),
+                         start_timeout=300)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", timeout=900, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def server(binary, tmp_path_factory):
+    s = LlamaServer(binary, *SETTINGS, tmp_path=tmp_path_factory.mktemp("llama-server"))
+    yield s
+    s.stop()
+
+
+LONG = paul_graham_essays()[:85_000]  # about 20k tokens of SmolLM2
+
+
+def chat(server, content: str, max_tokens: int = 16, stream: bool = False, cache_prompt: bool = True):
+    """The answer and llama-server's timings (cache_n: prompt tokens reused, prompt_n: read)."""
+    messages = [{"role": "user", "content": content}]
+    if not stream:
+        r = server.client.chat.completions.create(model="default", messages=messages, max_tokens=max_tokens,
+                                                  temperature=0, extra_body={"cache_prompt": cache_prompt})
+        return r.choices[0].message.content, r.model_extra["timings"], r.usage
+    pieces, timings = [], None
+    for chunk in server.client.chat.completions.create(model="default", messages=messages, max_tokens=max_tokens,
+                                                       temperature=0, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        timings = (chunk.model_extra or {}).get("timings", timings)
+    return pieces, timings, None
+
+
+def test_command_line_carries_the_settings(binary):
+    """What `serve --llama_server` runs: the attention as metadata, the cache sized for it, one slot."""
+    from llama_extrapolate.server import ExtrapolateSettings, llama_server_args
+
+    args = llama_server_args(ExtrapolateSettings(window=WINDOW, memory_capacity=CAPACITY, n_threads=2))
+    joined = " ".join(args)
+    for part in (f"llama.attention.lambda.window=int:{WINDOW}", "llama.attention.lambda.memory_blocks=int:16",
+                 "llama.attention.lambda.rollback=int:256", "-np 1", f"--memory-capacity {CAPACITY}",
+                 "--question-tokens 128"):
+        assert part in joined, (part, joined)
+    assert int(args[args.index("-c") + 1]) < 4096  # the bounded cache, not the document
+    with pytest.raises(ValueError, match="sinks=500 > window=100"):
+        llama_server_args(ExtrapolateSettings(window=100, sinks=500))
+
+
+def test_long_document_then_second_question_reuses_the_stream(server):
+    """A 20k-token prompt (20x the window, 7x the cache's cells) answered; the next question about the same
+    document, streamed, reads only its own tokens."""
+    text, timings, usage = chat(server, f"{LONG}\n\nIn one sentence, what is the text above about?")
+    assert usage.prompt_tokens > 20_000, usage
+    assert text.strip(), "empty answer"
+    assert timings["cache_n"] == 0 and timings["prompt_n"] == usage.prompt_tokens, timings
+
+    pieces, timings2, _ = chat(server, f"{LONG}\n\nWho wrote the text above?", stream=True)
+    assert len(pieces) > 2 and "".join(pieces).strip(), pieces
+    assert timings2["cache_n"] > usage.prompt_tokens - 64 and timings2["prompt_n"] < 64, timings2
+    assert timings2["prompt_ms"] < timings["prompt_ms"] / 20, (timings, timings2)
+
+
+def test_same_answer_as_the_python_library(server):
+    """/v1/completions with token ids (a 6k-token document and a question) gives the same greedy answer as
+    llama_extrapolate.Llama with the same settings: the server reads the prompt in the same batches, the last
+    128 tokens with the document memory."""
+    from llama_extrapolate import Llama
+    from llama_extrapolate.server import ExtrapolateModelSettings, attention_settings
+
+    built = attention_settings(ExtrapolateModelSettings(window=WINDOW, memory_capacity=CAPACITY, n_threads=2))
+    llm = Llama(built["model"], n_ctx=built["n_ctx"], n_threads=2, n_batch=512, n_ubatch=512, verbose=False,
+                **built["kwargs"])
+    try:
+        doc = llm.tokenize(paul_graham_essays()[:26_000].encode(), add_bos=True)
+        prompt = doc + llm.tokenize(b"\n\nQuestion: what is the first essay's title? Answer:", add_bos=False)
+        assert len(prompt) > 6000
+        ours = llm.create_completion(prompt, max_tokens=12, temperature=0)["choices"][0]["text"]
+    finally:
+        llm.close()
+    theirs = server.client.completions.create(model="default", prompt=prompt, max_tokens=12, temperature=0)
+    assert theirs.choices[0].text == ours, (theirs.choices[0].text, ours)
+
+
+def test_two_clients_are_served_in_turn_with_their_own_answers(server):
+    """Two clients at once get the answers each gets alone. Each prompt is read whole (cache_prompt false): a
+    prompt read after another would reuse the chat template's first tokens and read the rest in other batches,
+    which changes the last bits of the logits and, some tokens later, a greedy answer's words."""
+    prompts = [f"{paul_graham_essays()[i * 3000:i * 3000 + 2500]}\n\nSummarize the text in one sentence."
+               for i in (3, 7)]
+    alone = [chat(server, p, cache_prompt=False)[0] for p in prompts]
+    together = [None, None]
+
+    def ask(i):
+        together[i] = chat(server, prompts[i], cache_prompt=False)[0]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert together == alone
+
+
+def test_a_prompt_beyond_the_memory_is_refused_and_the_next_served(server):
+    """More tokens than --memory-capacity: HTTP 400 naming the size, before any reading; the server goes on."""
+    big = (paul_graham_essays() * 2)[:150_000]  # about 35k tokens > CAPACITY
+    with pytest.raises(openai.BadRequestError, match="exceeds the available context size"):
+        chat(server, big)
+    text, _, _ = chat(server, "Say hello.")
+    assert text.strip()
+
+
+def test_slots_one_by_default_and_two_refused_with_the_reason(binary, tmp_path):
+    """A stream's cache holds one sequence: llama-server left to pick its slots (-np auto) takes one when a window
+    is given with --override-kv (upstream's auto is 4), and -np 2 stops it at load with the reason."""
+    from llama_extrapolate.server import ExtrapolateSettings, llama_server_args
+
+    args = llama_server_args(ExtrapolateSettings(window=WINDOW, memory_capacity=CAPACITY, n_threads=2,
+                                                 port=free_port()))
+    at = args.index("-np")
+    auto = args[:at] + args[at + 2:]
+    log_path = tmp_path / "auto.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([binary, *auto], stdout=log, stderr=subprocess.STDOUT, env=clean_env())
+        try:
+            for _ in range(600):
+                if "listening on" in log_path.read_text() or proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    text = log_path.read_text()
+    assert "n_slots = 1" in text, text[-2000:]
+    assert "DEPRECATED" not in text, text[-2000:]
+
+    two = args[:at + 1] + ["2"] + args[at + 2:]
+    run = subprocess.run([binary, *two], capture_output=True, text=True, timeout=300, env=clean_env())
+    assert run.returncode != 0
+    assert "several sequences" in run.stdout + run.stderr, (run.stdout + run.stderr)[-2000:]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
