@@ -6,6 +6,7 @@ must refuse. The reading is the slow part (about 20k tokens once), so the tests 
 """
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -128,6 +129,29 @@ def test_prompt_beyond_the_memory_is_a_400_and_the_server_goes_on(server):
     assert "memory_capacity" in str(exc.value)
     text, _ = ask(server, f"{document(1500)}\n\n{QUESTION}")
     assert text.strip()
+
+
+def test_a_request_sets_its_attention_and_bad_values_get_400(server):
+    """A request's "attention" object sets the middle keys for that request alone; a field a request cannot set
+    (the window shapes the cache) or a value out of range is HTTP 400 naming it, streaming or not, before any
+    reading, and the server goes on."""
+    bad = [({"window": 100}, "attention.window: fixed when the model loads (restart the server with --window)"),
+           ({"top_k": 0}, "attention.top_k=0: give an integer >= 1"),
+           ({"top_k": 5000}, "top_k=5000 > memory_blocks*memory_block_size=1024"),
+           ({"question_tokens": "all"}, "attention.question_tokens='all'"),
+           ("five", "attention='five'")]
+    for value, words in bad:
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError, match=re.escape(words)):
+                ask(server, "Say hello.", stream=stream, extra_body={"attention": value})
+    text, _ = ask(server, "Say hello.", extra_body={"attention": {"top_k": 2, "top_k_distance": 300,
+                                                                   "question_tokens": 16}})
+    assert text.strip()
+    attention = server.stats()["attention"]
+    assert (attention["top_k"], attention["top_k_distance"]) == (2, 300), attention
+    ask(server, "Say hello.")
+    attention = server.stats()["attention"]
+    assert (attention["top_k"], attention["top_k_distance"]) == (5, 512), attention  # the model's own again
 
 
 def test_bad_attention_settings_stop_the_server_with_the_reason(tmp_path):

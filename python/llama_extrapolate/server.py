@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
 import functools
 import os
 import re
@@ -145,8 +146,75 @@ def _llama_class(factory) -> Iterator[None]:
             llama_cpp.Llama = saved
 
 
+# what a completion request may set in its "attention" object: the knobs that change between decodes without a
+# reload (the window, the sinks, the memory's size shape the cache and are fixed when the model loads)
+REQUEST_ATTENTION = {"top_k": 1, "top_k_distance": 1, "question_tokens": 1}  # name -> smallest value
+
+# the checked attention of the request being served: (attention config, question_tokens), None for the model's own
+_request_attention: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("request_attention", default=None)
+
+
 class ExtrapolateProxy(LlamaProxy):
-    """llama-cpp-python's model proxy, loading ``llama_extrapolate.Llama`` with the attention settings."""
+    """llama-cpp-python's model proxy, loading ``llama_extrapolate.Llama`` with the attention settings, and giving
+    each request the attention it asked for (or the model's own)."""
+
+    def __init__(self, models: List[ModelSettings]) -> None:
+        super().__init__(models)
+        self._plans = {}
+        for alias, settings in self._model_settings_dict.items():
+            if not isinstance(settings, ExtrapolateModelSettings):
+                settings = ExtrapolateModelSettings.model_validate(settings.model_dump())
+            plan = attention_settings(settings)
+            from .model_info import read_model_info
+
+            self._plans[alias] = (plan["kwargs"]["attention"], plan["kwargs"].get("question_tokens"),
+                                  read_model_info(plan["model"]))
+
+    def request_attention(self, model: Optional[str], given: Any) -> Optional[tuple]:
+        """The attention a request's ``"attention"`` object asks for, on the settings its model was loaded with:
+        (config, question_tokens), or None without the object. ValueError names the field and the fix."""
+        from dataclasses import replace
+
+        if given is None:
+            return None
+        alias = model if model in self._plans else self._default_model_alias
+        attention, question_tokens, info = self._plans[alias]
+        if not isinstance(given, dict):
+            raise ValueError(f'attention={given!r}: give an object of {", ".join(REQUEST_ATTENTION)}, e.g. '
+                             '{"top_k": 5}')
+        for key, value in given.items():
+            if key not in REQUEST_ATTENTION:
+                fixed = key in ExtrapolateModelSettings.model_fields
+                raise ValueError(f"attention.{key}: " + (
+                    f"fixed when the model loads (restart the server with --{key})" if fixed else "unknown")
+                    + f"; a request may set {', '.join(REQUEST_ATTENTION)}")
+            low = REQUEST_ATTENTION[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"attention.{key}={value!r}: give an integer >= {low}")
+        if attention.resolve(info).top_k == 0:
+            raise ValueError(f"attention: model {alias!r} was loaded without the middle keys (top_k = 0), so a "
+                             "request cannot set them: start the server with --top_k or the document memory")
+        config = replace(attention, top_k=given.get("top_k", attention.top_k),
+                         top_k_distance=given.get("top_k_distance", attention.top_k_distance))
+        try:
+            config.resolve(info)
+        except ValueError as exc:
+            raise ValueError(f"attention: {exc}") from None
+        return config, given.get("question_tokens", question_tokens)
+
+    def __call__(self, model: Optional[str] = None) -> llama_cpp.Llama:
+        llm = super().__call__(model)
+        attention, question_tokens, info = self._plans[self._current_model_alias]
+        wanted = _request_attention.get()
+        if wanted is not None:
+            attention, question_tokens = wanted
+        resolved = attention.resolve(info)
+        now = llm.attention_resolved
+        if resolved.top_k > 0 and (now.top_k, now.top_k_distance) != (resolved.top_k, resolved.top_k_distance):
+            llm.set_top_k(resolved.top_k, resolved.top_k_layer, resolved.top_k_distance)
+        if llm.question_tokens is not None:
+            llm.question_tokens = question_tokens
+        return llm
 
     @staticmethod
     def load_llama_from_model_settings(settings: ModelSettings) -> llama_cpp.Llama:
@@ -170,6 +238,55 @@ REFUSALS = (
     re.compile(r"keeps every key in the cache, and \d+ tokens exceed n_ctx"),
     re.compile(r"logits_all=True keeps every token's logits, and \d+ tokens exceed n_ctx"),
 )
+
+
+class RequestAttentionMiddleware:
+    """Reads a completion request's ``"attention"`` object before the route runs, so that a bad value is an HTTP
+    400 with the reason even for a streaming request (whose 200 is sent before the model is called), and hands
+    the checked values to the proxy for the duration of the request."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        import json
+
+        from starlette.responses import JSONResponse
+
+        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith("completions"):
+            await self.app(scope, receive, send)
+            return
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None  # the route says what is wrong with it
+        given = data.get("attention") if isinstance(data, dict) else None
+        try:
+            wanted = upstream_app._llama_proxy.request_attention(data.get("model"), given) if given is not None else None
+        except ValueError as exc:
+            error = {"message": str(exc), "type": "invalid_request_error", "param": "attention", "code": None}
+            await JSONResponse({"error": error}, status_code=400)(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        token = _request_attention.set(wanted)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            _request_attention.reset(token)
 
 
 def _refused(body, match) -> tuple:
@@ -226,6 +343,7 @@ def create_app(server_settings: ExtrapolateServerSettings, model_settings: Seque
     upstream_app.LlamaProxy = ExtrapolateProxy  # the app builds its proxy through this name
     app = upstream_app.create_app(server_settings=server_settings, model_settings=list(model_settings))
     app.include_router(stats_router())
+    app.add_middleware(RequestAttentionMiddleware)
     return app
 
 
