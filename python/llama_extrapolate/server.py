@@ -159,14 +159,14 @@ class ExtrapolateProxy(LlamaProxy):
     each request the attention it asked for (or the model's own)."""
 
     def __init__(self, models: List[ModelSettings]) -> None:
+        from .model_info import read_model_info
+
         super().__init__(models)
         self._plans = {}
         for alias, settings in self._model_settings_dict.items():
             if not isinstance(settings, ExtrapolateModelSettings):
                 settings = ExtrapolateModelSettings.model_validate(settings.model_dump())
             plan = attention_settings(settings)
-            from .model_info import read_model_info
-
             self._plans[alias] = (plan["kwargs"]["attention"], plan["kwargs"].get("question_tokens"),
                                   read_model_info(plan["model"]))
 
