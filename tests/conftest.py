@@ -37,6 +37,36 @@ def load_bench(name: str):
     return mod
 
 
+def upstream_binary(target: str) -> str:
+    """llama.cpp's own executable, built by tools/upstream.py from the tree `pip install .` patched; a test that needs
+    it is skipped with the reason where there is no such tree (an install from a wheel)."""
+    spec = importlib.util.spec_from_file_location("upstream", REPO / "tools" / "upstream.py")
+    up = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(up)
+    try:
+        up.pip_build_dir()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return str(up.build([target], quiet=True)[target])
+
+
+def at_once(client, n: int = 2, timeout: float = 600) -> list:
+    """client(i) for i < n, each in its own thread, all started together (clients of one server); their results."""
+    import threading
+
+    results = [None] * n
+
+    def run(i):
+        results[i] = client(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return results
+
+
 @pytest.fixture(scope="session")
 def default_model():
 

@@ -9,43 +9,27 @@ command line.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 
 openai = pytest.importorskip("openai", reason="the server tests need the openai client: pip install '.[test]'")
 pytest.importorskip("llama_cpp.server.app", reason="llama-extrapolate serve needs llama-cpp-python[server]")
 
-from conftest import clean_env  # noqa: E402
+from conftest import at_once, clean_env, upstream_binary  # noqa: E402
 from llama_extrapolate.corpora import paul_graham_essays  # noqa: E402
 from llama_extrapolate.server import ServerProcess, free_port  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 WINDOW = 1024
 CAPACITY = 32768
 SETTINGS = ("--window", str(WINDOW), "--memory_capacity", str(CAPACITY), "--n_threads", "2")
 
 
-def _upstream():
-    spec = importlib.util.spec_from_file_location("upstream", ROOT / "tools" / "upstream.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def binary():
-    up = _upstream()
-    try:
-        up.pip_build_dir()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    return str(up.build(["llama-server"], quiet=True)["llama-server"])
+    return upstream_binary("llama-server")
 
 
 class LlamaServer(ServerProcess):
@@ -138,16 +122,7 @@ def test_two_clients_are_served_in_turn_with_their_own_answers(server):
     prompts = [f"{paul_graham_essays()[i * 3000:i * 3000 + 2500]}\n\nSummarize the text in one sentence."
                for i in (3, 7)]
     alone = [chat(server, p, cache_prompt=False)[0] for p in prompts]
-    together = [None, None]
-
-    def ask(i):
-        together[i] = chat(server, prompts[i], cache_prompt=False)[0]
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+    together = at_once(lambda i: chat(server, prompts[i], cache_prompt=False)[0])
     assert together == alone
 
 

@@ -6,32 +6,18 @@ and patches as the library under test); it needs that build directory, so an ins
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _upstream():
-    spec = importlib.util.spec_from_file_location("upstream", ROOT / "tools" / "upstream.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import upstream_binary
 
 
 @pytest.fixture(scope="module")
 def llama_perplexity():
-    up = _upstream()
-    try:
-        up.pip_build_dir()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    return up.build(["llama-perplexity"], quiet=True)["llama-perplexity"]
+    return upstream_binary("llama-perplexity")
 
 
 def test_chunked_perplexity_matches_llama_perplexity(tmp_path, llama_perplexity):

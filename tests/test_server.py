@@ -9,7 +9,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -18,7 +17,7 @@ openai = pytest.importorskip("openai", reason="the server tests need the openai 
 pytest.importorskip("llama_cpp.server.app", reason="llama-extrapolate serve needs llama-cpp-python[server]")
 import httpx  # noqa: E402  (installed with openai)
 
-from conftest import clean_env  # noqa: E402
+from conftest import at_once, clean_env  # noqa: E402
 from llama_extrapolate.corpora import paul_graham_essays  # noqa: E402
 from llama_extrapolate.server import ServerProcess, free_port  # noqa: E402
 
@@ -84,16 +83,7 @@ def test_two_clients_at_once_do_not_mix(server):
     """Two documents asked at the same time are served in turn, each answer the one it gets alone."""
     docs = [document(3000), paul_graham_essays()[200_000:203_000]]
     alone = [ask(server, f"{d}\n\n{QUESTION}")[0] for d in docs]
-    together = [None, None]
-
-    def client(i):
-        together[i] = ask(server, f"{docs[i]}\n\n{QUESTION}", stream=(i == 1))[0]
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+    together = at_once(lambda i: ask(server, f"{docs[i]}\n\n{QUESTION}", stream=(i == 1))[0])
     assert together == alone
     assert alone[0] != alone[1]
 

@@ -95,7 +95,8 @@ class ExtrapolateConfigFile(ExtrapolateServerSettings):
 
 
 def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
-    """The model path, ``Llama`` keywords and cache size the settings ask for (checked, errors name the setting)."""
+    """The model path, ``Llama`` keywords and cache size the settings ask for (checked, errors name the setting),
+    with the model's metadata and the attention resolved on it for callers that need them."""
     from . import cli
     from .model_info import read_model_info
 
@@ -127,7 +128,7 @@ def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
                          "longest prompt plus answer, or use the document memory (memory_blocks > 0)")
     else:
         n_ctx = settings.n_ctx or int(info.context_length)
-    return dict(model=model, n_ctx=n_ctx, kwargs=kwargs)
+    return dict(model=model, n_ctx=n_ctx, kwargs=kwargs, info=info, resolved=resolved)
 
 
 _building = threading.Lock()
@@ -159,16 +160,13 @@ class ExtrapolateProxy(LlamaProxy):
     each request the attention it asked for (or the model's own)."""
 
     def __init__(self, models: List[ModelSettings]) -> None:
-        from .model_info import read_model_info
-
         super().__init__(models)
         self._plans = {}
         for alias, settings in self._model_settings_dict.items():
             if not isinstance(settings, ExtrapolateModelSettings):
                 settings = ExtrapolateModelSettings.model_validate(settings.model_dump())
             plan = attention_settings(settings)
-            self._plans[alias] = (plan["kwargs"]["attention"], plan["kwargs"].get("question_tokens"),
-                                  read_model_info(plan["model"]))
+            self._plans[alias] = (plan["kwargs"]["attention"], plan["kwargs"].get("question_tokens"), plan["info"])
 
     def request_attention(self, model: Optional[str], given: Any) -> Optional[tuple]:
         """The attention a request's ``"attention"`` object asks for, on the settings its model was loaded with:
@@ -366,11 +364,8 @@ def llama_server_args(settings: ExtrapolateSettings) -> List[str]:
     with the attention these settings give ``serve``: the attention as ``--override-kv`` metadata (the library reads
     it at load), the cache sized for it, one slot (a stream serves one request at a time), the document memory's
     and the question's options (patch 0014). Settings that metadata cannot carry are refused, not dropped."""
-    from .model_info import read_model_info
-
     built = attention_settings(settings)
-    info = read_model_info(built["model"])
-    resolved = built["kwargs"]["attention"].resolve(info)
+    info, resolved = built["info"], built["resolved"]
     if resolved.points_lengths or not np.all(resolved.temperature == resolved.temperature.flat[0]):
         raise ValueError(f"profile={settings.profile}: a temperature per layer or per length reaches llama.cpp "
                          "through the C API only; llama-server takes GGUF metadata (one tau, or the log-length "
