@@ -26,7 +26,19 @@ def main(mode: str, model: str, out: str) -> None:
     elif mode != "stock":
         raise SystemExit(f"mode must be patched or stock, not {mode!r}")
     import llama_cpp
+    import llama_cpp.llama_cpp as lib
 
+    # ggml's extra weight buffers (AMX, repacking) off in both runs: llama-cpp-python's own library is built with
+    # -march=native and holds the AMX kernels ours leaves out (they segfault on some Xeons, see CMakeLists.txt), so
+    # only the plain CPU kernels, compiled alike in both, are compared
+    default_params = lib.llama_model_default_params
+
+    def model_params():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = model_params
     llm = llama_cpp.Llama(model_path=model, n_ctx=512, n_batch=N_TOKENS, n_ubatch=N_TOKENS,
                           n_threads=2, logits_all=True, verbose=False)
     tokens = llm.tokenize(prompt_text().encode(), add_bos=True)[:N_TOKENS]

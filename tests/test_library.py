@@ -24,6 +24,18 @@ def test_core_reports_build_facts():
     assert "api" in core.features()
 
 
+def test_the_patched_library_is_built_without_ggml_amx_kernels():
+    """ggml's AMX matrix kernels segfault at the first decode on some Sapphire Rapids machines (llama.cpp issue
+    20824; every test here crashed on one with amx_int8): CMakeLists.txt compiles ggml-cpu without them. The
+    system info of the library llama_cpp calls lists AMX_INT8 only when it was compiled in."""
+    import llama_extrapolate  # noqa: F401  (points llama_cpp at the patched library)
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode()
+    assert "AVX" in info or "NEON" in info or "CPU" in info, info
+    assert "AMX_INT8 = 1" not in info, info
+
+
 def test_patch_function_reachable_through_llama_cpp_and_core():
     import llama_extrapolate
     import llama_cpp

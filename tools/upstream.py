@@ -18,6 +18,7 @@ import argparse
 import json
 import re
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,22 @@ ROOT = Path(__file__).resolve().parent.parent
 CMAKE_OPTIONS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=ON", "-DLLAMA_BUILD_TOOLS=ON",
                  "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF",
                  "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=ON"]
+# as in the package's CMakeLists.txt: ggml's AMX kernels segfault on some Sapphire Rapids machines (llama.cpp issue
+# 20824), so they are left out; GCC and Clang let an explicit -mno-<isa> win over -march=native whatever the order
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def _no_amx_options() -> List[str]:
+    """The flags that keep AMX out, where the C compiler is GCC or Clang on x86 and knows them; else none."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return []
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return []
+    probe = subprocess.run([cc, *NO_AMX_FLAGS.split(), "-E", "-x", "c", os.devnull], capture_output=True)
+    if probe.returncode != 0:
+        return []
+    return [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
 
 
 def pip_build_dir() -> Path:
@@ -84,7 +101,7 @@ def configure(unpatched: bool = False, quiet: bool = False) -> Path:
         raise FileNotFoundError("cmake is not on PATH: `pip install cmake ninja`")
     # configured again each time (a few seconds): a build directory made with other options takes these
     gen = [] if (bdir / "CMakeCache.txt").is_file() or not shutil.which("ninja") else ["-G", "Ninja"]
-    subprocess.run([cmake, "-S", str(src), "-B", str(bdir), *gen, *CMAKE_OPTIONS], check=True,
+    subprocess.run([cmake, "-S", str(src), "-B", str(bdir), *gen, *CMAKE_OPTIONS, *_no_amx_options()], check=True,
                    stdout=subprocess.DEVNULL if quiet else None)
     return bdir
 
