@@ -120,19 +120,7 @@ def test_bad_state_use_is_named(tiny_llama, stream, tmp_path):
     _, path = tiny_llama
     lam = tiny_llm(path, **LAMBDA)
     van = tiny_llm(path, sinks=0, window=0, ceiling=0)
-    topk = tiny_llm(path, n_ctx=256, top_k=2, top_k_layer=1, **LAMBDA)
     try:
-        topk.eval(stream[:50])
-        with pytest.raises(ValueError, match="save_state with top_k=2 on a RoPE model: the state does not hold"):
-            topk.save_state()
-        # a checkpointed NLL stream is refused before it decodes, not at its first checkpoint minutes later
-        from llama_extrapolate.checkpoint import StreamCheckpoint
-        from llama_extrapolate.evaluate import streaming_nll
-
-        ckpt = StreamCheckpoint(tmp_path / "topk", key={}, every_seconds=1e-9)
-        with pytest.raises(ValueError, match="checkpoint with top_k=2 on a RoPE model.*without checkpoints"):
-            streaming_nll(topk, stream[:100], n_batch=32, progress=False, checkpoint=ckpt)
-        assert not (tmp_path / "topk.state").exists()
         lam.eval(stream[:50])
         van.eval(stream[:50])
         with pytest.raises(ValueError, match="state is of a Lambda stream"):
@@ -142,7 +130,33 @@ def test_bad_state_use_is_named(tiny_llama, stream, tmp_path):
     finally:
         lam.close()
         van.close()
-        topk.close()
+
+
+def test_a_top_k_state_resumes_exactly(tiny_llama, stream):
+    """Top-k middle keys over the cache (RoPE): the state is the cache's own (the middle keys are rotated back from
+    the cached keys where they are scored), so a saved stream goes on with the same middle keys, in the same context
+    and in a fresh one (before patch 0015 the unrotated copy was not in the state and saving was refused)."""
+    model, path = tiny_llama
+    top_k = dict(top_k=2, top_k_layer=1, top_k_distance=16, **LAMBDA)
+    llm = tiny_llm(path, n_ctx=448, **top_k)
+    try:
+        llm.eval(stream[:200])
+        state = llm.save_state()
+        first = read(llm, stream[200:360])
+        llm.load_state(state)
+        again = read(llm, stream[200:360])
+        np.testing.assert_allclose(again, first, rtol=0, atol=1e-4)
+        ref = forward(model, stream[:360], RefAttention(sinks=4, window=32, ceiling=32, top_k=2, top_k_layer=1,
+                                                       top_k_distance=16))
+        np.testing.assert_allclose(again[-1], ref[-1], rtol=2e-3, atol=2e-3)
+        other = tiny_llm(path, n_ctx=448, **top_k)
+        try:
+            other.load_state(state)
+            np.testing.assert_allclose(read(other, stream[200:360]), first, rtol=0, atol=1e-4)
+        finally:
+            other.close()
+    finally:
+        llm.close()
 
 
 def test_llama_cache_serves_a_long_lambda_prompt(tiny_llama):
@@ -220,7 +234,10 @@ def test_run_saves_the_document_once_and_answers_later_questions_from_it(tmp_pat
     assert "none for this document" in err
     assert cli.main(base + ["--prompt", "q", "--state", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
-    # plain top-k middle keys (memory off) keep unrotated keys a state does not hold: refused with the reason
-    assert cli.main(base + ["--prompt", "q", "--state", str(state), "--memory-blocks", "0", "--top-k", "2",
-                            "--top-k-layer", "1"]) == 2
-    assert "--state with --top-k 2: top_k=2 on a RoPE model" in capsys.readouterr().err
+    # plain top-k middle keys (memory off): the state is the cache's, restored like any other
+    topk = ["--memory-blocks", "0", "--top-k", "2", "--top-k-layer", "1"]
+    plain_topk, _ = run("What walks?", "--top-k", "2", "--top-k-layer", "1", "--memory-blocks", "0")
+    _, err = run("What walks?", "--state", str(state), *topk)
+    assert "none for this document" in err
+    again, err = run("What walks?", "--state", str(state), *topk)
+    assert "restored (" in err and again == plain_topk

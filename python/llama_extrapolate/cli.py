@@ -241,10 +241,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         state = Path(args.state)
         if state.is_dir():
             raise ValueError(f"--state {args.state} is a directory: name a file for the document's state")
-        refusal = resolved.state_refusal(info.position_encoding)
-        if refusal:
-            what = f"--memory-blocks {resolved.memory_blocks}" if resolved.memory else f"--top-k {resolved.top_k}"
-            raise ValueError(f"--state with {what}: {refusal} (drop one of them)")
     n_batch = args.n_batch
     n_ctx = reader.cache_cells(resolved, info, document, args.prompt, max_tokens=args.max_tokens, n_batch=n_batch,
                                n_ctx=args.n_ctx)

@@ -120,22 +120,6 @@ class ResolvedAttention:
                 out[f"{a}.softmax_temperature"] = float(uniform)
         return out
 
-    def state_refusal(self, position_encoding: str) -> Optional[str]:
-        """Why llama.cpp will not write a state of this stream, or None when it will.
-
-        With top-k middle keys over the cache on a RoPE model the cache also holds the keys before rotation
-        (patch 0007), and the state carries only the rotated ones (patch 0009 refuses to write it): saving,
-        checkpoints and ``run --state`` all ask here, so they refuse before any work is done rather than after
-        it. With the document memory the state holds the memory (its blocks and the block being filled, patch
-        0010); its middle keys in the cache (the block at the window's edge) are rotated back from the cached
-        keys, so the cache keeps no unrotated copy a state would lack."""
-        if self.memory_blocks > 0:
-            return None
-        if self.top_k > 0 and position_encoding == "rope":
-            return (f"top_k={self.top_k} on a RoPE model: the state does not hold the unrotated keys the top-k "
-                    "middle keys are scored with; use top_k=0 to save states, or read the document again")
-        return None
-
     @property
     def bounded_cache(self) -> bool:
         """The cache frees the keys the window hides (not with top-k middle keys over the cache, which may select

@@ -92,11 +92,6 @@ def streaming_nll(llm: llama_cpp.Llama, tokens: Sequence[int], *, n_batch: Optio
         raise ValueError(f"context_shift={context_shift} (n_keep) must be in 0..{n_cells - 2 * n_batch - 1}: the cache "
                          f"of {n_cells} cells must hold n_keep plus two chunks of {n_batch}")
 
-    resolved = getattr(llm, "attention_resolved", None)
-    refusal = resolved.state_refusal(llm.model_info.position_encoding) if checkpoint and resolved else None
-    if refusal:
-        raise ValueError(f"checkpoint with {refusal}; score this configuration without checkpoints")
-
     stream = native.Stream(llm, n_batch, context_shift)
     stream.reset()
     nll = np.full(len(tokens) - 1, np.nan, dtype=np.float64)

@@ -402,9 +402,6 @@ class Llama(llama_cpp.Llama):
         if self.vocab_only:
             raise ValueError("save_state: this Llama was loaded with vocab_only=True (tokenizer only, no cache); "
                              "load it without vocab_only")
-        refusal = self.attention_resolved.state_refusal(self.model_info.position_encoding)
-        if refusal:
-            raise ValueError(f"save_state with {refusal}")
         state = super().save_state()
         if state.llama_state_size <= 0:
             raise RuntimeError("llama.cpp wrote an empty state (run with verbose=True to see why)")
