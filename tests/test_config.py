@@ -137,6 +137,26 @@ def test_one_rule_for_the_default_attention_of_every_command(info):
     assert (run.sinks, run.window, run.ceiling) == (4, 64, 64)
 
 
+
+def test_memory_configurations_name_their_blocks(info, capsys):
+    """"lambda+memory" selects the default m (run's and serve's too); "lambda+memory:m=N" another, with a cache
+    m*B cells larger per block added; a malformed m is named, and nll refuses every memory configuration."""
+    from llama_extrapolate import cli
+    from llama_extrapolate.config import DEFAULT_MEMORY_BLOCK, DEFAULT_MEMORY_BLOCKS
+    from llama_extrapolate.evaluate import memory_blocks_of, setup_for
+
+    base = setup_for("lambda+memory", info, 20_000, 512, window=1024)
+    more = setup_for("lambda+memory:m=64", info, 20_000, 512, window=1024)
+    assert base.attention.memory_blocks == DEFAULT_MEMORY_BLOCKS and more.attention.memory_blocks == 64
+    assert more.n_ctx - base.n_ctx == (64 - DEFAULT_MEMORY_BLOCKS) * DEFAULT_MEMORY_BLOCK
+    assert base.top_k_question and more.top_k_question and more.memory_capacity == base.memory_capacity
+    assert memory_blocks_of("lambda") is None and memory_blocks_of("lambda+memoryx") is None
+    for bad in ("lambda+memory:m=0", "lambda+memory:m=x", "lambda+memory:m="):
+        with pytest.raises(ValueError, match=r"m must be a whole number >= 1, as in lambda\+memory:m=64"):
+            setup_for(bad, info, 20_000, 512)
+    assert cli.main(["nll", "--configs", "lambda,lambda+memory:m=64", "--tokens", "64", "-o", "/dev/null"]) == 2
+    assert "--configs lambda+memory:m=64: its middle keys are switched on" in capsys.readouterr().err
+
 def test_model_info_is_read_once_per_file_version(default_model, tmp_path):
     import os
     import shutil

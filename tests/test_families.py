@@ -8,7 +8,9 @@ inside the attention. That rotation must be the one the model gave the layer:
 - SmolLM3 leaves every fourth layer without RoPE (NoPE): its keys are never rotated, neither by the attention
   nor by the K-shift that re-bases a long stream's positions;
 - YaRN scales the frequencies by a ramp over the pairs and q and k by 1 + 0.1 ln(factor) on every rotation;
-- Qwen2 rotates the halves of each head (NEOX), for every knob including the top-k keys and the memory.
+- Qwen2 rotates the halves of each head (NEOX), for every knob including the top-k keys and the memory;
+- Phi-3 (NEOX too) stores q, k, v fused and scales q by 1/sqrt(head_dim) before the attention, which then scales
+  the scores by 1: the temperature divides those logits all the same.
 
 Tiny random models of each layout (f32 caches), the same cases as tests/test_attention.py and test_top_k.py.
 Before patch 0011 the first model was refused (rope_freqs, attention factor) and the second was wrong.
@@ -35,6 +37,7 @@ FAMILIES = {
     "llama-rope-freqs": _llama3,
     "llama-yarn": lambda: TinyLlama(yarn_factor=4.0),
     "qwen2-neox": lambda: TinyLlama(arch="qwen2"),
+    "phi3": lambda: TinyLlama(arch="phi3"),
     "smollm3-nope": lambda: TinyLlama(arch="smollm3", n_layer=4),
 }
 
@@ -222,6 +225,33 @@ def test_sliding_window_layers_are_shown_and_the_lambda_window_refused(tmp_path)
     assert support["temperature"] is None
     assert support["lambda"] == "sliding-window layers"
     assert support["ceiling"] == "sliding-window layers with their own RoPE base"
+
+
+def test_latent_attention_refuses_the_knobs_its_k_only_cache_has_not(tmp_path, capsys):
+    """DeepSeek-V2's MLA caches one latent key per token and attends through llama.cpp's K-only path, which has
+    the Lambda mask and the temperature but no ceiling, top-k keys or statistics: those are refused at load with
+    the reason (before patch 0016 they loaded and did nothing)."""
+    from llama_extrapolate import AttentionConfig, native, read_model_info
+    from llama_extrapolate.cli import main
+    from tinymodel import TinyDeepseek2
+
+    path = TinyDeepseek2().write(tmp_path / "tiny-deepseek2.gguf")
+    assert read_model_info(path).latent_attention
+    support = _support_holds(path)
+    assert support["lambda"] is None and support["temperature"] is None
+    for knob in ("ceiling", "top_k", "memory"):
+        assert support[knob] == "a K-only cache (MLA)", (knob, support[knob])
+    llm = make_llm(path, AttentionConfig(**KNOB_CONFIGS["lambda"]))
+    try:
+        llm.eval(list(range(3, 80)))  # the Lambda mask runs on the K-only path
+        assert np.isfinite(np.asarray(llm.scores[:77])).all()
+        with pytest.raises(ValueError):
+            native.stats_enable(llm, True)
+    finally:
+        llm.close()
+    assert main(["info", "--model", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ceiling          refused: a K-only cache (MLA)" in out, out
 
 
 def test_info_shows_nope_layers_and_knobs(family, capsys):

@@ -17,7 +17,8 @@ import numpy as np
 TRAINING_LENGTH = "n_ctx_train"  # write the model's own context length
 
 
-def _write(path: Path, arch: str, model, n_head_kv: int, add_hparams, context_length=TRAINING_LENGTH) -> Path:
+def _write(path: Path, arch: str, model, n_head_kv: int, add_hparams, context_length=TRAINING_LENGTH,
+           name: Optional[str] = None) -> Path:
     """A GGUF file of the model's f32 tensors with a byte-level SentencePiece vocabulary (tests feed token ids).
 
     ``context_length``: the metadata value to write, None to leave the key out (bad-input tests)."""
@@ -27,7 +28,7 @@ def _write(path: Path, arch: str, model, n_head_kv: int, add_hparams, context_le
         model.make_weights()
     n_vocab = model.n_vocab
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name(f"tiny-{arch}-test")
+    writer.add_name(name or f"tiny-{arch}-test")
     if context_length == TRAINING_LENGTH:
         writer.add_context_length(model.n_ctx_train)
     elif context_length is not None:
@@ -57,7 +58,9 @@ def _write(path: Path, arch: str, model, n_head_kv: int, add_hparams, context_le
 
 @dataclass
 class TinyLlama:
-    """llama-like; arch "qwen2" gives the same network with NEOX-style RoPE."""
+    """llama-like; arch "qwen2" gives the same network with NEOX-style RoPE, arch "phi3" too, written in Phi-3's
+    layout (fused attn_qkv, gate and up fused in ffn_up; llama.cpp scales q by 1/sqrt(head_dim) before the
+    attention and the scores by 1)."""
 
     arch: str = "llama"
     n_vocab: int = 259  # 3 specials + all 256 byte tokens (the SPM tokenizer needs every byte)
@@ -83,7 +86,7 @@ class TinyLlama:
 
     @property
     def neox(self) -> bool:
-        return self.arch == "qwen2"
+        return self.arch in ("qwen2", "phi3")
 
     def has_rope(self, il: int) -> bool:
         """SmolLM3 ("smollm3") leaves every fourth layer without RoPE (NoPE), as llama.cpp builds it."""
@@ -157,7 +160,36 @@ class TinyLlama:
                 w.add_rope_scaling_factor(self.yarn_factor)
                 w.add_rope_scaling_orig_ctx_len(self.n_ctx_train)
 
-        return _write(path, arch or self.arch, self, self.n_head_kv, hparams, context_length)
+        arch = arch or self.arch
+        if arch != "phi3":
+            return _write(path, arch, self, self.n_head_kv, hparams, context_length)
+        if not self.weights:
+            self.make_weights()
+        llama_layout = self.weights
+        self.weights = self.phi3_layout(llama_layout)
+        try:
+            # a model named "phi3" gets Phi-3's special tokens looked up in its vocabulary, which has none
+            return _write(path, arch, self, self.n_head_kv, hparams, context_length, name="tiny-phi-three-test")
+        finally:
+            self.weights = llama_layout
+
+    def phi3_layout(self, w: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """The same network as Phi-3's GGUFs store it: q, k, v in one attn_qkv; ffn_up holds the gate's rows
+        first (SwiGLU takes silu of the first half times the second)."""
+        out = {}
+        for name, tensor in w.items():
+            parts = name.split(".")
+            if len(parts) == 4 and parts[2] in ("attn_k", "attn_v", "ffn_gate"):
+                continue
+            i = parts[1] if parts[0] == "blk" else None
+            if parts[2:3] == ["attn_q"]:
+                out[f"blk.{i}.attn_qkv.weight"] = np.concatenate(
+                    [w[f"blk.{i}.attn_q.weight"], w[f"blk.{i}.attn_k.weight"], w[f"blk.{i}.attn_v.weight"]])
+            elif parts[2:3] == ["ffn_up"]:
+                out[name] = np.concatenate([w[f"blk.{i}.ffn_gate.weight"], tensor])
+            else:
+                out[name] = tensor
+        return out
 
 
 @dataclass
@@ -245,3 +277,68 @@ class TinyGemma3(TinyLlama):
             w.add_sliding_window(self.sliding_window)
 
         return _write(path, arch or self.arch, self, self.n_head_kv, hparams, context_length)
+
+
+@dataclass
+class TinyDeepseek2:
+    """DeepSeek-V2's multi-head latent attention (MLA) as llama.cpp builds it: one cached "key" per token (the
+    compressed latent and a shared RoPE part) from which the values are read too, a K-only cache with its own
+    attention path. Dense layers only; loaded to check what the library accepts and refuses, not run against the
+    oracle."""
+
+    n_vocab: int = 259
+    n_embd: int = 64
+    n_head: int = 4
+    n_layer: int = 2
+    n_ff: int = 96
+    n_ctx_train: int = 64
+    kv_lora_rank: int = 32
+    n_rot: int = 16  # the RoPE part of each head, shared by the heads in the cache
+    n_nope: int = 16  # the part of q and k without RoPE
+    n_v: int = 32
+    seed: int = 0
+    weights: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    def make_weights(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        d, h = self.n_embd, self.n_head
+
+        def mat(*shape):
+            return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+        def norm(n):
+            return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+        w = {"token_embd.weight": rng.standard_normal((self.n_vocab, d)).astype(np.float32),
+             "output_norm.weight": norm(d), "output.weight": mat(self.n_vocab, d)}
+        for i in range(self.n_layer):
+            w[f"blk.{i}.attn_norm.weight"] = norm(d)
+            w[f"blk.{i}.attn_q.weight"] = mat(h * (self.n_nope + self.n_rot), d)
+            w[f"blk.{i}.attn_kv_a_mqa.weight"] = mat(self.kv_lora_rank + self.n_rot, d)
+            w[f"blk.{i}.attn_kv_a_norm.weight"] = norm(self.kv_lora_rank)
+            w[f"blk.{i}.attn_k_b.weight"] = mat(h, self.kv_lora_rank, self.n_nope)
+            w[f"blk.{i}.attn_v_b.weight"] = mat(h, self.n_v, self.kv_lora_rank)
+            w[f"blk.{i}.attn_output.weight"] = mat(d, h * self.n_v)
+            w[f"blk.{i}.ffn_norm.weight"] = norm(d)
+            w[f"blk.{i}.ffn_gate.weight"] = mat(self.n_ff, d)
+            w[f"blk.{i}.ffn_up.weight"] = mat(self.n_ff, d)
+            w[f"blk.{i}.ffn_down.weight"] = mat(d, self.n_ff)
+        self.weights = w
+
+    def write(self, path: Path) -> Path:
+        def hparams(w):
+            w.add_layer_norm_rms_eps(1e-5)
+            w.add_rope_freq_base(10000.0)
+            w.add_rope_dimension_count(self.n_rot)
+            w.add_leading_dense_block_count(self.n_layer)
+            w.add_q_lora_rank(0)
+            w.add_kv_lora_rank(self.kv_lora_rank)
+            # the cache's "heads": the latent and the RoPE part as key, the latent as value (MLA's layout)
+            w.add_key_length(self.kv_lora_rank + self.n_rot)
+            w.add_value_length(self.kv_lora_rank)
+            w.add_key_length_mla(self.n_nope + self.n_rot)
+            w.add_value_length_mla(self.n_v)
+            w.add_expert_feed_forward_length(self.n_ff)
+            w.add_expert_shared_count(0)
+
+        return _write(path, "deepseek2", self, 1, hparams)

@@ -28,7 +28,8 @@ import numpy as np
 from llama_extrapolate import tasks
 from llama_extrapolate.cli import _model_path
 from llama_extrapolate.corpora import paul_graham_essays
-from llama_extrapolate.evaluate import MEMORY_BLOCKS, MEMORY_CONFIG, setup_for
+from llama_extrapolate.config import DEFAULT_MEMORY_BLOCKS
+from llama_extrapolate.evaluate import MEMORY_CONFIG, setup_for
 from llama_extrapolate.llama import Llama
 from llama_extrapolate.model_info import read_model_info
 from llama_extrapolate.native import load_tokenizer
@@ -41,7 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--depths", default="0,0.25,0.5,0.75,1")
     ap.add_argument("--trial", type=int, default=0)
     ap.add_argument("--top-k", default="5,1024", help="comma-separated top_k values to ask with")
-    ap.add_argument("--memory-blocks", default=str(MEMORY_BLOCKS),
+    ap.add_argument("--memory-blocks", default=str(DEFAULT_MEMORY_BLOCKS),
                     help="comma-separated m (blocks each KV head selects) to read with")
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=1)

@@ -187,13 +187,10 @@ def _attention_from_args(args: argparse.Namespace, info):
     return AttentionConfig.from_model(info, **overrides)
 
 
-DEFAULT_RUN_MEMORY_BLOCKS = 16
-
-
 def _default_memory(args, info) -> Optional[str]:
     """The memory is on by default where it can be (RoPE or ALiBi, and a window): with ``args.memory_blocks`` unset,
     set it to the default there; elsewhere leave it off and return why (run and serve share the rule)."""
-    from .config import MEMORY_POSITION_ENCODINGS
+    from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_POSITION_ENCODINGS
 
     if args.memory_blocks is not None:
         return None
@@ -201,7 +198,7 @@ def _default_memory(args, info) -> Optional[str]:
         return f"document memory off: it needs RoPE or ALiBi and {info.architecture} uses {info.position_encoding}"
     if args.window == 0:
         return "document memory off: full attention (--window 0) keeps every key"
-    args.memory_blocks = DEFAULT_RUN_MEMORY_BLOCKS
+    args.memory_blocks = DEFAULT_MEMORY_BLOCKS
     return None
 
 
@@ -297,8 +294,8 @@ def _cmd_nll(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     if not names:
         raise ValueError("--configs is empty: name one or more configurations")
-    for question_only in (evaluate.TOP_K_CONFIG, evaluate.MEMORY_CONFIG):
-        if question_only in names:
+    for question_only in names:
+        if question_only == evaluate.TOP_K_CONFIG or evaluate.memory_blocks_of(question_only) is not None:
             raise ValueError(f"--configs {question_only}: its middle keys are switched on for a question, and a "
                              "text scored token by token has none; use it with the passkey command")
     tokens, desc = reader.first_tokens(model, args.file, args.corpus, args.tokens)
@@ -434,6 +431,8 @@ def _shared_options() -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .config import DEFAULT_MEMORY_BLOCKS
+
     parser = argparse.ArgumentParser(
         prog="llama-extrapolate",
         description="Read documents far longer than a GGUF model was trained on, in llama.cpp.",
@@ -467,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--memory-blocks", type=int,
                    help=f"document memory: what leaves the window is kept on disk in blocks and the question "
                         f"attends to the --top-k best keys of the M blocks each head selects (default "
-                        f"{DEFAULT_RUN_MEMORY_BLOCKS} on RoPE models; 0 = off)")
+                        f"{DEFAULT_MEMORY_BLOCKS} on RoPE models; 0 = off)")
     r.add_argument("--memory-block-size", type=int, help="tokens per block (default 64)")
     r.add_argument("--memory-file", help="the memory's file (default: an anonymous temporary file)")
     r.add_argument("--keep-memory", action="store_true", help="keep --memory-file after the run")

@@ -33,6 +33,8 @@ TOP_K_SCOPES = ("all", "question")
 # the document memory: blocks of 64 tokens, 16 selected per KV head (docs/document-memory-study.md: Quest's bound at
 # B = 64 finds 0.87 of the exhaustive top-5 keys with m = 16), stored as q8_0
 DEFAULT_MEMORY_BLOCK = 64
+# blocks each KV head selects where `run`, `serve` and the benchmarks switch the memory on by default
+DEFAULT_MEMORY_BLOCKS = 16
 MEMORY_TYPES = {"q8_0": 8, "q4_0": 2, "f16": 1, "f32": 0}  # name -> enum ggml_type
 # the position encodings the document memory scores its keys through, at a bounded distance
 MEMORY_POSITION_ENCODINGS = ("rope", "alibi")

@@ -180,11 +180,26 @@ BASELINES = ("lambda", "vanilla", "context-shift", "window-only", "lambda-only",
 # retrieval tasks only: the document is read with the Lambda mask, the question adds the top-k middle keys
 TOP_K_CONFIG = "lambda+top-k"
 # retrieval tasks only: the document is read with the bounded Lambda cache and goes to the document memory, the
-# question selects 16 blocks per KV head and takes the top-5 keys among them
+# question selects m blocks per KV head (config.DEFAULT_MEMORY_BLOCKS; "lambda+memory:m=64" for another m) and takes
+# the top-5 keys among them
 MEMORY_CONFIG = "lambda+memory"
-MEMORY_BLOCKS = 16
 # full attention with a calibration profile's schedule: "profile=" + the profile's path
 PROFILE_CONFIG_PREFIX = "profile="
+
+
+def memory_blocks_of(name: str) -> Optional[int]:
+    """The m of a document-memory configuration name ("lambda+memory" or "lambda+memory:m=N"), None for any other."""
+    from .config import DEFAULT_MEMORY_BLOCKS
+
+    if name == MEMORY_CONFIG:
+        return DEFAULT_MEMORY_BLOCKS
+    prefix = MEMORY_CONFIG + ":m="
+    if not name.startswith(prefix):
+        return None
+    value = name[len(prefix):]
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"configuration {name!r}: m must be a whole number >= 1, as in {prefix}64")
+    return int(value)
 
 
 @dataclass
@@ -261,8 +276,8 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
         cfg = replace(lam, top_k=5, top_k_scope="question",
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, full)
-    elif name == MEMORY_CONFIG:
-        cfg = replace(lam, top_k=5, top_k_scope="question", memory_blocks=MEMORY_BLOCKS,
+    elif memory_blocks_of(name) is not None:
+        cfg = replace(lam, top_k=5, top_k_scope="question", memory_blocks=memory_blocks_of(name),
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, cfg.resolve(info).required_n_ctx(n_batch, stream=n_tokens),
                          memory_capacity=n_tokens + n_batch)
@@ -270,7 +285,7 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
         return EvalSetup(name, AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="log-length"), full)
     else:
         raise ValueError(f"configuration {name!r}: use one of {', '.join(BASELINES)}, {TOP_K_CONFIG} or "
-                         f"{MEMORY_CONFIG} (passkey, needle) or profile=PATH")
+                         f"{MEMORY_CONFIG}[:m=N] (passkey, needle) or profile=PATH")
     resolved = cfg.resolve(info)
     return EvalSetup(name, cfg, resolved.required_n_ctx(n_batch, stream=n_tokens))
 

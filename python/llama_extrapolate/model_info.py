@@ -48,6 +48,9 @@ class ModelInfo:
     # llama-extrapolate keys written into the file (sink_count, window, ceiling, rollback,
     # softmax_temperature, log_length), so a prepared GGUF carries its own attention settings
     attention_metadata: dict = field(default_factory=dict)
+    # multi-head latent attention (DeepSeek-V2 and kin, attention.key_length_mla): llama.cpp caches one latent
+    # "key" per token and reads the values from it, through an attention path of its own (a K-only cache)
+    latent_attention: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -158,6 +161,7 @@ def _read_model_info(path: Path) -> ModelInfo:
         rope_freq_factors=any(t.name in ("rope_freqs.weight", "rope_factors_long.weight") for t in reader.tensors),
         file_size=path.stat().st_size,
         attention_metadata={name: get(key) for name, key in _attention_keys(arch).items() if get(key) is not None},
+        latent_attention=all(get(f"{arch}.attention.{key}_length_mla") for key in ("key", "value")),
     )
 
 
@@ -203,6 +207,10 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
             rotated = "multi-section RoPE"
         elif swa:
             rotated = "sliding-window layers with their own RoPE base"
+    if info.latent_attention:
+        # llama.cpp refuses them at load (the K-only cache's attention path has neither); the Lambda mask and the
+        # temperature apply there as everywhere
+        rotated = "a K-only cache (MLA)"
     memory = rotated
     if info.position_encoding not in MEMORY_POSITION_ENCODINGS:
         memory = "the document memory scores its keys at a bounded distance through RoPE or ALiBi"

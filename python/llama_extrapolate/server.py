@@ -36,7 +36,7 @@ except ImportError as exc:  # the server's packages are an extra
     raise ImportError(f"llama-extrapolate serve needs the server packages ({exc.name} is missing): "
                       "pip install 'llama-extrapolate[server]'") from exc
 
-from .cli import DEFAULT_RUN_MEMORY_BLOCKS
+from .config import DEFAULT_MEMORY_BLOCKS
 from .llama import DEFAULT_MEMORY_CAPACITY
 
 DEFAULT_QUESTION_TOKENS = 128
@@ -61,7 +61,7 @@ class ExtrapolateModelSettings(ModelSettings):
     top_k_layer: Optional[int] = Field(default=None, ge=0, description="first layer with the middle keys (5)")
     top_k_distance: Optional[int] = Field(default=None, ge=1, description="distance they are scored at (C/2)")
     memory_blocks: Optional[int] = Field(default=None, ge=0, description=(
-        f"document memory: blocks each head selects for the question (default {DEFAULT_RUN_MEMORY_BLOCKS} where the "
+        f"document memory: blocks each head selects for the question (default {DEFAULT_MEMORY_BLOCKS} where the "
         "model's position encoding allows; 0: off)"))
     memory_block_size: Optional[int] = Field(default=None, ge=32, description="tokens per block (64)")
     memory_type: Optional[Literal["q8_0", "q4_0", "f16", "f32"]] = Field(
