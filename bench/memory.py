@@ -13,7 +13,7 @@ peak RSS, bytes on disk per token and in RAM, and the time from the end of the r
 token (``bench/results/memory_cost.json``, one entry per length and window: a run replaces its own entry).
 
     python bench/memory.py retrieval [--task passkey] [--lengths 4096,8192,16384] [--trials 2] [--model NAME]
-    python bench/memory.py cost [--tokens 16384] [--window 1024]
+    python bench/memory.py cost [--tokens 16384] [--window 1024] [--memory-blocks 64]
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def run_retrieval(args) -> None:
 def run_cost(args) -> None:
     import llama_extrapolate as le
     from llama_extrapolate import native
+    from llama_extrapolate.config import DEFAULT_MEMORY_BLOCKS
     from llama_extrapolate.corpora import paul_graham_essays
     from llama_extrapolate.default_model import default_model_path
     from llama_extrapolate.evaluate import setup_for
@@ -66,8 +67,10 @@ def run_cost(args) -> None:
     vocab.close()
     if len(tokens) < args.tokens:
         raise SystemExit(f"--tokens {args.tokens}: the essays have only {len(tokens)} tokens")
-    out = {"tokens": len(tokens), "window": args.window, "threads": args.threads, "configs": {}}
-    for name in ("lambda", "lambda+memory"):
+    m = args.memory_blocks or DEFAULT_MEMORY_BLOCKS
+    memory_name = "lambda+memory" if m == DEFAULT_MEMORY_BLOCKS else f"lambda+memory:m={m}"
+    out = {"tokens": len(tokens), "window": args.window, "threads": args.threads, "memory_blocks": m, "configs": {}}
+    for name in ("lambda", memory_name):
         st = setup_for(name, info, len(tokens) + len(question) + 16, args.n_batch, window=args.window)
         peak_rss_reset()
         llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
@@ -92,13 +95,17 @@ def run_cost(args) -> None:
             print(name, json.dumps(entry))
         finally:
             llm.close()
-    lam, mem = out["configs"]["lambda"], out["configs"]["lambda+memory"]
+    lam, mem = out["configs"]["lambda"], out["configs"][memory_name]
     out["read_speed_ratio"] = mem["read_tok_s"] / lam["read_tok_s"]
     out["peak_rss_ratio"] = mem["peak_rss_bytes"] / lam["peak_rss_bytes"]
     path = RESULTS / "memory_cost.json"
     runs = json.loads(path.read_text())["runs"] if path.exists() else []
-    runs = [r for r in runs if (r["tokens"], r["window"]) != (out["tokens"], out["window"])] + [out]
-    path.write_text(json.dumps({"runs": sorted(runs, key=lambda r: (r["window"], r["tokens"]))}, indent=1))
+    # one entry per length, window and m (entries from before m was a choice have the default's 16)
+    def key(run):
+        return run["window"], run["tokens"], run.get("memory_blocks", 16)
+
+    runs = [r for r in runs if key(r) != key(out)] + [out]
+    path.write_text(json.dumps({"runs": sorted(runs, key=key)}, indent=1))
     print(json.dumps({k: out[k] for k in ("read_speed_ratio", "peak_rss_ratio")}))
 
 
@@ -121,6 +128,7 @@ def main(argv=None) -> int:
     c.add_argument("--window", type=int, default=1024)
     c.add_argument("--n-batch", type=int, default=512)
     c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--memory-blocks", type=int, help="m, the blocks each KV head selects (default: the library's)")
     args = p.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     {"retrieval": run_retrieval, "cost": run_cost}[args.cmd](args)

@@ -420,6 +420,22 @@ def table_memory_needle_qwen(r: Path) -> str:
     return keys_found(load("memory_needle_qwen2.5-coder-0.5b.json", r)["trials"], MEMORY_LABELS)
 
 
+def table_memory_needle_blocks(r: Path) -> str:
+    """The needle asked from the same reading with m blocks per KV head (bench/memory_study/needle_top_k.py, one
+    JSON line per answer): needles found per depth over the trials, and in all."""
+    rows_in = [json.loads(line) for line in (r / "memory_needle_blocks.jsonl").read_text().splitlines() if line]
+    depths = sorted({x["depth"] for x in rows_in})
+    rows = []
+    for length, m in sorted({(x["length"], x["memory_blocks"]) for x in rows_in}):
+        mine = [x for x in rows_in if (x["length"], x["memory_blocks"]) == (length, m)]
+        cells = []
+        for d in depths:
+            at = [x["found"] for x in mine if x["depth"] == d]
+            cells.append(f"{sum(at)}/{len(at)}" if at else DASH)
+        rows.append([k(length), m, *cells, f"{sum(x['found'] for x in mine)}/{len(mine)}"])
+    return md(["length", "m (blocks per KV head)"] + [f"depth {d:g}" for d in depths] + ["found"], rows)
+
+
 def table_memory_cost(r: Path) -> str:
     """Reading speed, question time, cache, peak RSS and disk of essay streams, bounded Λ vs the memory, with the
     memory's ratios to the bounded stream (reading speed, peak RSS)."""
@@ -428,12 +444,12 @@ def table_memory_cost(r: Path) -> str:
     for run in d["runs"]:
         for name, e in run["configs"].items():
             mem = e.get("memory")
-            rows.append([f"{k(run['tokens'])}, W = {run['window']}", MEMORY_LABELS.get(name, name),
+            rows.append([f"{k(run['tokens'])}, W = {run['window']}", run["threads"], MEMORY_LABELS.get(name, name),
                          f(e["read_tok_s"], 1), f(e["question_s"], 3), e["n_ctx"], f(e["peak_rss_bytes"] / MIB, 0),
                          f(e["disk_bytes_per_token"], 0) if mem else DASH,
                          f(mem["bytes_in_ram"] / MIB, 1) if mem else DASH,
                          f"{run['read_speed_ratio']:.2f}× / {run['peak_rss_ratio']:.2f}×" if mem else DASH])
-    return md(["tokens", "configuration", "read tok/s", "question s", "KV cells", "peak RSS MiB", "disk bytes/token",
+    return md(["tokens", "threads", "configuration", "read tok/s", "question s", "KV cells", "peak RSS MiB", "disk bytes/token",
                "memory RAM MiB", "speed / RSS vs Λ"], rows)
 
 
@@ -472,6 +488,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-needle": table_memory_needle,
     "memory-qwen": table_memory_qwen,
     "memory-needle-qwen": table_memory_needle_qwen,
+    "memory-needle-blocks": table_memory_needle_blocks,
     "memory-cost": table_memory_cost,
     "server-ttft": table_server_ttft,
 }
@@ -482,7 +499,8 @@ AREAS: Dict[str, List[str]] = {
     "top-k": ["topk-summary", "topk-passkey", "topk-cost"],
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
     "receptive-fields": ["trf", "erf"],
-    "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-cost"],
+    "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-needle-blocks",
+               "memory-cost"],
     "server": ["server-ttft"],
 }
 

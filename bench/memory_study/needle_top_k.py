@@ -11,7 +11,7 @@ stopped halfway keeps what it did.
     python bench/memory_study/needle_top_k.py --model qwen2.5-coder-0.5b --length 8192 --top-k 5,1024 \
         -o bench/memory_study/needle_top_k.jsonl
     python bench/memory_study/needle_top_k.py --length 8192 --memory-blocks 16,64 --top-k 5 \
-        -o bench/memory_study/needle_blocks.jsonl
+        -o bench/results/memory_needle_blocks.jsonl
 """
 
 from __future__ import annotations
