@@ -426,14 +426,16 @@ def table_memory_needle_blocks(r: Path) -> str:
     rows_in = [json.loads(line) for line in (r / "memory_needle_blocks.jsonl").read_text().splitlines() if line]
     depths = sorted({x["depth"] for x in rows_in})
     rows = []
-    for length, m in sorted({(x["length"], x["memory_blocks"]) for x in rows_in}):
-        mine = [x for x in rows_in if (x["length"], x["memory_blocks"]) == (length, m)]
+    models = list(dict.fromkeys(x["model"] for x in rows_in))  # in the order they were run
+    for model, length, m in sorted({(x["model"], x["length"], x["memory_blocks"]) for x in rows_in},
+                                   key=lambda g: (models.index(g[0]), g[1], g[2])):
+        mine = [x for x in rows_in if (x["model"], x["length"], x["memory_blocks"]) == (model, length, m)]
         cells = []
         for d in depths:
             at = [x["found"] for x in mine if x["depth"] == d]
             cells.append(f"{sum(at)}/{len(at)}" if at else DASH)
-        rows.append([k(length), m, *cells, f"{sum(x['found'] for x in mine)}/{len(mine)}"])
-    return md(["length", "m (blocks per KV head)"] + [f"depth {d:g}" for d in depths] + ["found"], rows)
+        rows.append([model.removesuffix(".gguf"), k(length), m, *cells, f"{sum(x['found'] for x in mine)}/{len(mine)}"])
+    return md(["model", "length", "m (blocks per KV head)"] + [f"depth {d:g}" for d in depths] + ["found"], rows)
 
 
 def table_memory_cost(r: Path) -> str:
