@@ -137,7 +137,6 @@ def test_one_rule_for_the_default_attention_of_every_command(info):
     assert (run.sinks, run.window, run.ceiling) == (4, 64, 64)
 
 
-
 def test_memory_configurations_name_their_blocks(info, capsys):
     """"lambda+memory" selects the default m (run's and serve's too); "lambda+memory:m=N" another, with a cache
     m*B cells larger per block added; a malformed m is named, and nll refuses every memory configuration."""
@@ -156,6 +155,7 @@ def test_memory_configurations_name_their_blocks(info, capsys):
             setup_for(bad, info, 20_000, 512)
     assert cli.main(["nll", "--configs", "lambda,lambda+memory:m=64", "--tokens", "64", "-o", "/dev/null"]) == 2
     assert "--configs lambda+memory:m=64: its middle keys are switched on" in capsys.readouterr().err
+
 
 def test_model_info_is_read_once_per_file_version(default_model, tmp_path):
     import os

@@ -18,10 +18,11 @@ TRAINING_LENGTH = "n_ctx_train"  # write the model's own context length
 
 
 def _write(path: Path, arch: str, model, n_head_kv: int, add_hparams, context_length=TRAINING_LENGTH,
-           name: Optional[str] = None) -> Path:
+           name: Optional[str] = None, weights: Optional[Dict[str, np.ndarray]] = None) -> Path:
     """A GGUF file of the model's f32 tensors with a byte-level SentencePiece vocabulary (tests feed token ids).
 
-    ``context_length``: the metadata value to write, None to leave the key out (bad-input tests)."""
+    ``context_length``: the metadata value to write, None to leave the key out (bad-input tests); ``weights``: the
+    tensors to write in place of the model's own (the same network in another layout)."""
     import gguf
 
     if not model.weights:
@@ -47,7 +48,7 @@ def _write(path: Path, arch: str, model, n_head_kv: int, add_hparams, context_le
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
-    for tensor_name, tensor in model.weights.items():
+    for tensor_name, tensor in (weights or model.weights).items():
         writer.add_tensor(tensor_name, tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -165,13 +166,9 @@ class TinyLlama:
             return _write(path, arch, self, self.n_head_kv, hparams, context_length)
         if not self.weights:
             self.make_weights()
-        llama_layout = self.weights
-        self.weights = self.phi3_layout(llama_layout)
-        try:
-            # a model named "phi3" gets Phi-3's special tokens looked up in its vocabulary, which has none
-            return _write(path, arch, self, self.n_head_kv, hparams, context_length, name="tiny-phi-three-test")
-        finally:
-            self.weights = llama_layout
+        # a model named "phi3" gets Phi-3's special tokens looked up in its vocabulary, which has none
+        return _write(path, arch, self, self.n_head_kv, hparams, context_length, name="tiny-phi-three-test",
+                      weights=self.phi3_layout(self.weights))
 
     def phi3_layout(self, w: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         """The same network as Phi-3's GGUFs store it: q, k, v in one attn_qkv; ffn_up holds the gate's rows

@@ -20,7 +20,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -66,10 +65,7 @@ def main(argv=None) -> int:
 
 def ask(model, info, prompt, depth, m, args, out) -> None:
     """Read the prompt's document once with m blocks per KV head, then ask its question with each top_k."""
-    n_stream = len(prompt.tokens) + 16
-    setup = setup_for(MEMORY_CONFIG, info, n_stream, 512, window=args.window)
-    attention = replace(setup.attention, memory_blocks=m)
-    setup = replace(setup, attention=attention, n_ctx=attention.resolve(info).required_n_ctx(512, stream=n_stream))
+    setup = setup_for(f"{MEMORY_CONFIG}:m={m}", info, len(prompt.tokens) + 16, 512, window=args.window)
     llm = Llama(model, attention=setup.attention, n_ctx=setup.n_ctx, n_batch=512, n_ubatch=512,
                 n_threads=args.threads, verbose=False, **setup.llama_kwargs())
     stream = tasks.Stream(llm, 512, None)

@@ -276,8 +276,8 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
         cfg = replace(lam, top_k=5, top_k_scope="question",
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, full)
-    elif memory_blocks_of(name) is not None:
-        cfg = replace(lam, top_k=5, top_k_scope="question", memory_blocks=memory_blocks_of(name),
+    elif (memory_blocks := memory_blocks_of(name)) is not None:
+        cfg = replace(lam, top_k=5, top_k_scope="question", memory_blocks=memory_blocks,
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, cfg.resolve(info).required_n_ctx(n_batch, stream=n_tokens),
                          memory_capacity=n_tokens + n_batch)
