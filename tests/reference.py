@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from tinymodel import TinyLlama, TinyMPT
+from tinymodel import TinyGemma2, TinyGemma3, TinyLlama, TinyMPT
 
 
 @dataclass
@@ -160,8 +160,9 @@ def half_cache(k, v, positions, *, rope_base: float, neox: bool = False, alibi: 
 def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: float,
               neox: bool = False, alibi_slopes: Optional[np.ndarray] = None,
               stats: Optional[RefStats] = None, margin: Optional[TopKMargin] = None,
-              f16_cache: bool = False) -> np.ndarray:
-    """q (T, H, D), k and v (T, Hkv, D), unrotated; returns (T, H, D)."""
+              f16_cache: bool = False, softcap: float = 0.0) -> np.ndarray:
+    """q (T, H, D), k and v (T, Hkv, D), unrotated; returns (T, H, D). ``softcap`` > 0: the logits are capped,
+    cap * tanh(s / cap), and then divided by the temperature (the softmax's input, the paper's definition)."""
     T, H, D = q.shape
     if f16_cache:
         k, v = half_cache(k, v, positions, rope_base=rope_base, neox=neox, alibi=alibi_slopes is not None)
@@ -174,7 +175,11 @@ def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: f
         keys = np.nonzero(cfg.visible(p, positions))[0]
         d = cfg.distance(p, positions[keys])
         tau = cfg.temperature(layer, H, p)[:, None]
-        logits = _scores(q[i], kh[keys], d, D, rope_base, neox, alibi_slopes) / tau
+        logits = _scores(q[i], kh[keys], d, D, rope_base, neox, alibi_slopes)
+        if softcap > 0:
+            assert cfg.top_k == 0, "the oracle caps the logits of the window only"
+            logits = softcap * np.tanh(logits / softcap)
+        logits = logits / tau
         if cfg.memory_blocks is not None and cfg.selects(layer, p):
             out[i] = _memory_heads(q[i], kh, vh, keys, logits, positions, cfg, layer, tau, group, D, rope_base,
                                    neox, alibi_slopes, margin, p)
@@ -328,4 +333,42 @@ def forward_mpt(model: TinyMPT, tokens: Sequence[int], cfg: Optional[RefAttentio
         h = layer_norm(x, w[f"blk.{il}.ffn_norm.weight"], w[f"blk.{il}.ffn_norm.bias"], model.norm_eps)
         x = x + gelu(h @ w[f"blk.{il}.ffn_up.weight"].T) @ w[f"blk.{il}.ffn_down.weight"].T
     x = layer_norm(x, w["output_norm.weight"], w["output_norm.bias"], model.norm_eps)
+    return x @ w["output.weight"].T
+
+
+def forward_gemma3(model: Union[TinyGemma3, TinyGemma2], tokens: Sequence[int], cfg: Optional[RefAttention] = None,
+                   positions: Optional[Sequence[int]] = None, swa: Optional[RefAttention] = None) -> np.ndarray:
+    """Logits (T, n_vocab) of a tiny Gemma 3 (or Gemma 2: no q/k norms, softcapped logits, tied output): cfg is the
+    global layers' attention; the sliding-window layers see the last ``sliding_window`` keys (no sinks, no ceiling,
+    tau = 1) with their own RoPE base (``swa``: another attention for them, to show what a library that changed them
+    would compute)."""
+    gemma2 = isinstance(model, TinyGemma2)
+    cfg = cfg or RefAttention()
+    swa = swa or RefAttention(window=model.sliding_window)
+    w = {name: t.astype(np.float64) for name, t in model.weights.items()}
+    tokens = np.asarray(tokens)
+    T = len(tokens)
+    positions = np.arange(T) if positions is None else np.asarray(positions)
+    H, Hkv, D, eps = model.n_head, model.n_head_kv, model.head_dim, model.rms_eps
+    x = w["token_embd.weight"][tokens] * np.sqrt(model.n_embd)
+    for il in range(model.n_layer):
+        is_swa = model.is_swa(il)
+        h = rms_norm(x, w[f"blk.{il}.attn_norm.weight"], eps)
+        q = (h @ w[f"blk.{il}.attn_q.weight"].T).reshape(T, H, D)
+        k = (h @ w[f"blk.{il}.attn_k.weight"].T).reshape(T, Hkv, D)
+        if not gemma2:
+            q, k = rms_norm(q, w[f"blk.{il}.attn_q_norm.weight"], eps), rms_norm(k, w[f"blk.{il}.attn_k_norm.weight"], eps)
+        v = (h @ w[f"blk.{il}.attn_v.weight"].T).reshape(T, Hkv, D)
+        a = attention(q, k, v, positions, swa if is_swa else cfg, il,
+                      rope_base=model.rope_base_swa if is_swa else model.rope_base, neox=True,
+                      softcap=model.attn_softcap if gemma2 else 0.0)
+        x = x + rms_norm(a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T,
+                         w[f"blk.{il}.post_attention_norm.weight"], eps)
+        h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], eps)
+        f = (gelu(h @ w[f"blk.{il}.ffn_gate.weight"].T) * (h @ w[f"blk.{il}.ffn_up.weight"].T)) @ w[f"blk.{il}.ffn_down.weight"].T
+        x = x + rms_norm(f, w[f"blk.{il}.post_ffw_norm.weight"], eps)
+    x = rms_norm(x, w["output_norm.weight"], eps)
+    if gemma2:
+        out = x @ w["token_embd.weight"].T
+        return model.final_softcap * np.tanh(out / model.final_softcap)
     return x @ w["output.weight"].T

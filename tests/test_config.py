@@ -181,3 +181,16 @@ def test_a_ceiling_on_a_model_without_positions_is_named(info):
     none = replace(info, architecture="gpt2", position_encoding="none", rope_type=None)
     with pytest.raises(ValueError, match="ceiling=32: gpt2 has no position encoding"):
         AttentionConfig(sinks=4, window=32, ceiling=32).resolve(none)
+
+
+def test_full_attention_asked_for_has_no_sinks(tiny_llama):
+    """window=0 (``run --window 0``) on a model whose metadata sets no window: full attention without the default
+    sinks (before, the default 10 sinks came along and the configuration was refused)."""
+    from llama_extrapolate import AttentionConfig, read_model_info
+
+    info = read_model_info(tiny_llama[1])
+    cfg = AttentionConfig.from_model(info, window=0)
+    assert cfg.window == 0 and cfg.sinks == 0
+    cfg.resolve(info)
+    with pytest.raises(ValueError, match="sinks=4 with window=0"):  # asked for: kept, and refused
+        AttentionConfig.from_model(info, window=0, sinks=4)

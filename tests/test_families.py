@@ -213,18 +213,204 @@ def test_knob_support_without_a_position_encoding_gives_the_configurations_reaso
         assert support[knob] is not None and support[knob] in str(err.value), (knob, support[knob], str(err.value))
 
 
-def test_sliding_window_layers_are_shown_and_the_lambda_window_refused(tmp_path):
-    """Gemma 3's sliding-window layers keep their own window: a Lambda window would apply to them as well, so it
-    is refused at load with the reason (before, it loaded and changed the sliding-window layers' attention)."""
+def test_sliding_window_layers_are_shown_and_the_global_layers_take_the_window(tmp_path):
+    """Gemma 3's sliding-window layers keep their own window: the Lambda window, its ceiling and the temperature
+    load (they apply to the global layers, see below); the top-k keys and the memory, which select among one cache
+    for every layer, are refused with the reason (before patch 0017 the Lambda window and ceiling were refused)."""
     from llama_extrapolate import read_model_info
 
     path = _gemma3(tmp_path)
     info = read_model_info(path)
     assert info.swa_layers == (0, 1, 2, 3, 4) and info.nope_layers == ()
     support = _support_holds(path)
-    assert support["temperature"] is None
-    assert support["lambda"] == "sliding-window layers"
-    assert support["ceiling"] == "sliding-window layers with their own RoPE base"
+    assert support["lambda"] is None and support["ceiling"] is None and support["temperature"] is None
+    assert support["top_k"] == "sliding-window layers" and support["memory"] == "sliding-window layers"
+
+
+# --- Gemma 2/3 (iSWA: sliding-window layers beside global ones) against their oracle ---------------------------------
+
+def _tiny_gemma(name):
+    from tinymodel import TinyGemma2, TinyGemma3
+
+    return {"gemma3": TinyGemma3, "gemma2": TinyGemma2}[name]()
+
+
+@pytest.fixture(scope="module", params=["gemma2", "gemma3"])
+def gemma(request, tmp_path_factory):
+    """Gemma 3: five sliding-window layers to one global one, each with its RoPE base; Gemma 2: alternating, with
+    softcapped attention and output logits (the output, about 30 in size here, sets a looser float tolerance)."""
+    model = _tiny_gemma(request.param)
+    model.make_weights()
+    path = model.write(tmp_path_factory.mktemp(request.param) / f"tiny-{request.param}.gguf")
+    tol = 5e-3 if request.param == "gemma2" else TOL
+    return model, path, random_tokens(model, N_TOKENS, seed=2), tol
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    model = _tiny_gemma("gemma3")
+    model.make_weights()
+    path = model.write(tmp_path_factory.mktemp("gemma3") / "tiny-gemma3.gguf")
+    return model, path, random_tokens(model, N_TOKENS, seed=2)
+
+
+def _per_layer_tau(model):
+    # a value per layer: the sliding-window layers at 1
+    return np.array([1.0 if model.is_swa(il) else 0.8 for il in range(model.n_layer)])
+
+
+GEMMA_CASES = {
+    "vanilla": lambda m: (dict(sinks=0, window=0, ceiling=0), RefAttention()),
+    "lambda": lambda m: (dict(LAMBDA, ceiling=0), RefAttention(sinks=4, window=32)),
+    "lambda+ceiling+temperature": lambda m: (dict(LAMBDA, temperature=0.9), RefAttention(**LAMBDA, tau=0.9)),
+    "lambda+ceiling+per-layer-temperature": lambda m: (dict(LAMBDA, temperature=_per_layer_tau(m)),
+                                                       RefAttention(**LAMBDA, tau=_per_layer_tau(m))),
+    "ceiling-only": lambda m: (dict(sinks=0, window=0, ceiling=16), RefAttention(ceiling=16)),
+    "log-length": lambda m: (dict(LAMBDA, temperature_schedule="log-length", log_length=32),
+                             RefAttention(**LAMBDA, log_length=32)),
+}
+
+
+def test_the_gemma_oracles_keep_the_sliding_window_layers_apart(gemma):
+    """The oracle's Gemma is not one whose every layer takes the Lambda window, nor (Gemma 3) one whose sliding-window
+    layers rotate with the global base, nor one that puts the temperature on the sliding-window layers, nor (Gemma 2)
+    one that divides the logits by tau before the softcap: a library doing any of these would fail below."""
+    from dataclasses import replace
+
+    from reference import forward_gemma3
+
+    model, _, tokens, tol = gemma
+    cfg = RefAttention(**LAMBDA)
+    ref = forward_gemma3(model, tokens, cfg)
+    every_layer = replace(model, sliding_window=10**6)  # no sliding window: the Lambda window's alone...
+    assert np.abs(ref - forward_gemma3(every_layer, tokens, cfg)).max() > 0.1  # ...differs
+    if model.rope_base_swa != model.rope_base:
+        one_base = replace(model, rope_base_swa=model.rope_base)
+        assert np.abs(ref - forward_gemma3(one_base, tokens, cfg)).max() > 0.1
+    tau_cfg = RefAttention(**LAMBDA, tau=0.9)
+    tau = forward_gemma3(model, tokens, tau_cfg)
+    assert np.abs(ref - tau).max() > 10 * tol
+    # the temperature on every layer: the sliding-window ones too
+    assert np.abs(tau - forward_gemma3(model, tokens, tau_cfg,
+                                       swa=RefAttention(window=model.sliding_window, tau=0.9))).max() > 10 * tol
+    if hasattr(model, "attn_softcap"):
+        # tau before the cap: the global layers' q divided by tau, the capped logits left alone
+        before = replace(model, weights=dict(model.weights))
+        for il in range(model.n_layer):
+            if not model.is_swa(il):
+                before.weights[f"blk.{il}.attn_q.weight"] = model.weights[f"blk.{il}.attn_q.weight"] / np.float32(0.9)
+        assert np.abs(tau - forward_gemma3(before, tokens, cfg)).max() > 10 * tol
+
+
+@pytest.mark.parametrize("ubatch", [1, 64])
+@pytest.mark.parametrize("case", sorted(GEMMA_CASES))
+def test_gemma_knobs_match_the_oracle(gemma, case, ubatch):
+    from llama_extrapolate import AttentionConfig
+    from reference import forward_gemma3
+
+    model, path, tokens, tol = gemma
+    kwargs, ref_cfg = GEMMA_CASES[case](model)
+    llm = make_llm(path, AttentionConfig(**kwargs), ubatch=ubatch)
+    try:
+        got = logits(llm, tokens)
+    finally:
+        llm.close()
+    err = np.abs(got - forward_gemma3(model, tokens, ref_cfg)).max()
+    assert err < tol, f"{model.arch}, {case}, ubatch {ubatch}: max |llama.cpp - oracle| = {err}"
+
+
+def test_a_temperature_on_softcapped_logits_refuses_flash_attention(tmp_path):
+    """Gemma 2's temperature divides the capped logits, which flash attention caps inside its kernel: refused with
+    the reason (the library refuses it too: its own message was "not supported")."""
+    from llama_extrapolate import AttentionConfig
+
+    path = _tiny_gemma("gemma2").write(tmp_path / "tiny-gemma2.gguf")
+    with pytest.raises(ValueError, match="flash_attn=True with a softmax temperature on gemma2"):
+        make_llm(path, AttentionConfig(**dict(LAMBDA, ceiling=0), temperature=0.9), flash_attn=True)
+    make_llm(path, AttentionConfig(**dict(LAMBDA, ceiling=0)), flash_attn=True).close()  # no temperature: flash runs
+
+
+@pytest.mark.parametrize("lam", [LAMBDA, dict(sinks=2, window=8, ceiling=8)], ids=["W>window", "W<window"])
+def test_a_gemma_stream_is_rebased_and_stays_exact(gemma, lam):
+    """A stream far past the cache: the global layers' cache is bounded and both caches are re-based together (the
+    sliding-window keys keep their distances, also when the Lambda window is shorter than the sliding one)."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+    from reference import forward_gemma3
+    from test_attention import decode_logits
+
+    model, path, _, tol = gemma
+    n = 2000 if lam is LAMBDA else 600
+    ubatch = 16 if lam is LAMBDA else 4
+    tokens = np.random.default_rng(9).integers(3, model.n_vocab, size=n).tolist()
+    llm = make_llm(path, AttentionConfig(**lam, rollback=0), ubatch=ubatch, n_ctx=64 if lam is LAMBDA else 32,
+                   logits_all=False)
+    try:
+        got = decode_logits(llm, tokens, ubatch)
+        offset = llama_extrapolate._core.seq_pos_offset(llama_extrapolate.context_address(llm))
+    finally:
+        llm.close()
+    assert offset > n - 200, f"the stream was not re-based (offset {offset})"
+    err = np.abs(got - forward_gemma3(model, tokens, RefAttention(**lam))).max()
+    assert err < tol, f"{model.arch}, {lam}: max |llama.cpp - oracle| = {err}"
+
+
+def test_a_gemma3_state_resumes_exactly(gemma3):
+    """save_state after a re-based stream holds both caches and the position offsets: the continuation after
+    load_state equals the first one and the oracle."""
+    import llama_cpp
+    from llama_extrapolate import AttentionConfig
+    from reference import forward_gemma3
+
+    model, path, _ = gemma3
+    tokens = np.random.default_rng(9).integers(3, model.n_vocab, size=560).tolist()
+
+    def last(llm):
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(model.n_vocab,)).copy()
+
+    llm = make_llm(path, AttentionConfig(**LAMBDA, rollback=16), ubatch=16, n_ctx=128, logits_all=False)
+    try:
+        llm.eval(tokens[:500])
+        state = llm.save_state()
+        llm.eval(tokens[500:])
+        first = last(llm)
+        llm.load_state(state)
+        llm.eval(tokens[500:])
+        again = last(llm)
+    finally:
+        llm.close()
+    assert np.abs(first - again).max() < 1e-4
+    err = np.abs(again - forward_gemma3(model, tokens, RefAttention(**LAMBDA))[-1]).max()
+    assert err < TOL, f"gemma3 state: max |llama.cpp - oracle| = {err}"
+
+
+def test_a_temperature_on_a_sliding_window_layer_is_refused(gemma3):
+    """The sliding-window layers keep tau = 1 (they never attend past their own window): one value applies to the
+    global layers, a value per layer or head that is not 1 there is refused, naming the layers."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig, native, read_model_info
+
+    _, path, _ = gemma3
+    tau = np.array([0.9] * 6)
+    with pytest.raises(ValueError, match=r"temperature: layers \[0, 1, 2, 3, 4\] are sliding-window layers"):
+        AttentionConfig(**LAMBDA, temperature=tau).resolve(read_model_info(path))
+    points = [(64, 0.9), (256, np.array([1.0] * 5 + [0.8]))]
+    resolved = AttentionConfig(**LAMBDA, temperature_schedule="points", temperature_points=points).resolve(read_model_info(path))
+    assert (resolved.points_tau[:, :5] == 1.0).all() and resolved.points_tau[0, 5, 0] == np.float32(0.9)
+    with pytest.raises(ValueError, match="at length 256: layers \\[4\\]"):
+        AttentionConfig(**LAMBDA, temperature_schedule="points", temperature_points=[(256, np.array([1.0] * 4 + [0.7, 0.8]))]).resolve(
+            read_model_info(path))
+    # the library itself refuses it too (a caller of the C API), and keeps one value off those layers
+    llm = make_llm(path, AttentionConfig(**LAMBDA))
+    try:
+        ctx = llama_extrapolate.context_address(llm)
+        with pytest.raises(ValueError, match="out of range"):
+            native.set_temperature(ctx, np.full((6, 4), 0.9, np.float32), 0, (), np.zeros((0, 6, 4), np.float32))
+        native.set_temperature(ctx, np.full((1,), 0.9, np.float32), 0, (), np.zeros((0, 6, 4), np.float32))
+        got, _ = native.get_temperature(ctx)
+        assert (np.asarray(got).reshape(6, 4)[:5] == 1.0).all() and (np.asarray(got).reshape(6, 4)[5] == np.float32(0.9)).all()
+    finally:
+        llm.close()
 
 
 def test_latent_attention_refuses_the_knobs_its_k_only_cache_has_not(tmp_path, capsys):

@@ -250,30 +250,81 @@ class TinyMPT:
 
 @dataclass
 class TinyGemma3(TinyLlama):
-    """Gemma 3's layout: five sliding-window layers to one global layer, q/k norms and post-norms. llama.cpp
-    caches the two kinds of layer apart (iSWA); loaded to check what the library accepts and refuses."""
+    """Gemma 3's layout: five sliding-window layers (their own window and RoPE base) to one global layer, NEOX RoPE,
+    the embeddings scaled by sqrt(n_embd), q/k norms, post-norms around attention and FFN, a GELU-gated FFN.
+    llama.cpp caches the two kinds of layer apart (iSWA)."""
 
     arch: str = "gemma3"
     n_layer: int = 6
     sliding_window: int = 16
+    rope_base: float = 100000.0  # the global layers'
+    rope_base_swa: float = 10000.0  # the sliding-window layers'
+    qk_norm_scale: float = 2.0  # q and k are normalised per head: scaled so that attention is peaked
+
+    @property
+    def neox(self) -> bool:
+        return True
+
+    def is_swa(self, il: int) -> bool:
+        """llama.cpp's pattern for gemma3: five sliding-window layers, then a global one."""
+        return il % 6 < 5
 
     def make_weights(self) -> None:
         super().make_weights()
         rng = np.random.default_rng(self.seed + 1)
         for i in range(self.n_layer):
-            for name, n in (("post_attention_norm", self.n_embd), ("post_ffw_norm", self.n_embd),
-                            ("attn_q_norm", self.head_dim), ("attn_k_norm", self.head_dim)):
-                self.weights[f"blk.{i}.{name}.weight"] = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+            for name, n, scale in (("post_attention_norm", self.n_embd, 1.0), ("post_ffw_norm", self.n_embd, 1.0),
+                                   ("attn_q_norm", self.head_dim, self.qk_norm_scale),
+                                   ("attn_k_norm", self.head_dim, self.qk_norm_scale)):
+                self.weights[f"blk.{i}.{name}.weight"] = (scale * (1.0 + 0.1 * rng.standard_normal(n))).astype(np.float32)
 
     def write(self, path: Path, arch: Optional[str] = None, context_length=TRAINING_LENGTH,
               rope_dimension_count: bool = True) -> Path:
         def hparams(w):
             w.add_rope_dimension_count(self.head_dim)
             w.add_rope_freq_base(self.rope_base)
+            w.add_float32(f"{arch or self.arch}.rope.freq_base_swa", self.rope_base_swa)
             w.add_layer_norm_rms_eps(self.rms_eps)
             w.add_sliding_window(self.sliding_window)
 
         return _write(path, arch or self.arch, self, self.n_head_kv, hparams, context_length)
+
+
+@dataclass
+class TinyGemma2(TinyGemma3):
+    """Gemma 2's layout: sliding-window and global layers alternate (one RoPE base), no q/k norms, the attention
+    logits softcapped (cap * tanh(s / cap), small here so that the cap bends them) and the output logits too, the
+    output tied to the embeddings."""
+
+    arch: str = "gemma2"
+    n_layer: int = 4
+    rope_base: float = 10000.0
+    rope_base_swa: float = 10000.0
+    attn_softcap: float = 3.0
+    final_softcap: float = 30.0
+
+    def is_swa(self, il: int) -> bool:
+        return il % 2 == 0
+
+    def make_weights(self) -> None:
+        super().make_weights()
+        for i in range(self.n_layer):
+            del self.weights[f"blk.{i}.attn_q_norm.weight"], self.weights[f"blk.{i}.attn_k_norm.weight"]
+        del self.weights["output.weight"]
+
+    def write(self, path: Path, arch: Optional[str] = None, context_length=TRAINING_LENGTH,
+              rope_dimension_count: bool = True) -> Path:
+        a = arch or self.arch
+
+        def hparams(w):
+            w.add_rope_dimension_count(self.head_dim)
+            w.add_rope_freq_base(self.rope_base)
+            w.add_layer_norm_rms_eps(self.rms_eps)
+            w.add_sliding_window(self.sliding_window)
+            w.add_float32(f"{a}.attn_logit_softcapping", self.attn_softcap)
+            w.add_float32(f"{a}.final_logit_softcapping", self.final_softcap)
+
+        return _write(path, a, self, self.n_head_kv, hparams, context_length)
 
 
 @dataclass

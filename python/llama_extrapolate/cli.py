@@ -68,7 +68,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if m["sliding_window"]:
         print(f"  sliding window   {m['sliding_window']}")
     if m["swa_layers"]:
-        print(f"  SWA layers       {_ranges(m['swa_layers'])} (their own window; the others are global)")
+        print(f"  SWA layers       {_ranges(m['swa_layers'])} (their own window and RoPE base; the Lambda window, "
+              "ceiling and temperature apply to the others, the global layers)")
     if m["nope_layers"]:
         print(f"  NoPE layers      {_ranges(m['nope_layers'])} (no RoPE: never rotated)")
     if m["rope_freq_factors"]:
@@ -191,11 +192,15 @@ def _default_memory(args, info) -> Optional[str]:
     """The memory is on by default where it can be (RoPE or ALiBi, and a window): with ``args.memory_blocks`` unset,
     set it to the default there; elsewhere leave it off and return why (run and serve share the rule)."""
     from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_POSITION_ENCODINGS
+    from .model_info import knob_support
 
     if args.memory_blocks is not None:
         return None
     if info.position_encoding not in MEMORY_POSITION_ENCODINGS:
         return f"document memory off: it needs RoPE or ALiBi and {info.architecture} uses {info.position_encoding}"
+    refused = knob_support(info)["memory"]
+    if refused is not None:
+        return f"document memory off: the library refuses it on this {info.architecture} model ({refused})"
     if args.window == 0:
         return "document memory off: full attention (--window 0) keeps every key"
     args.memory_blocks = DEFAULT_MEMORY_BLOCKS

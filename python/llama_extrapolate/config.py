@@ -310,7 +310,8 @@ class AttentionConfig:
         if int(meta.get("log_length", 0)) > 0:
             fields["temperature_schedule"] = "log-length"
             fields["log_length"] = int(meta["log_length"])
-        if fields.get("window") == 0 and "sinks" not in overrides:
+        # full attention (window 0, from the metadata or asked for) has no sinks unless they are asked for too
+        if overrides.get("window", fields.get("window")) == 0 and "sinks" not in overrides:
             fields["sinks"] = 0
         fields.update(overrides)
         return cls(**fields)
@@ -373,6 +374,8 @@ class AttentionConfig:
             raise ValueError(
                 f"temperature has shape {tau.shape}; a per-head temperature needs (n_layer, n_head)=({n_layer}, {n_head})"
             )
+        swa = tuple(info.swa_layers)
+        tau = _sliding_layers_at_one(tau, swa, np.ndim(self.temperature) > 0, "temperature")
         log_length = 0
         if self.temperature_schedule == "log-length":
             log_length = l_pre if self.log_length is None else int(self.log_length)
@@ -380,8 +383,10 @@ class AttentionConfig:
         points_tau = np.zeros((0, n_layer, n_head), dtype=np.float32)
         if self.temperature_points is not None:
             lengths = tuple(int(L) for L, _ in self.temperature_points)
-            points_tau = np.stack([_per_unit(t, n_layer, n_head, f"temperature_points tau at length {L}")
-                                   for L, t in self.temperature_points])
+            points_tau = np.stack([
+                _sliding_layers_at_one(_per_unit(t, n_layer, n_head, f"temperature_points tau at length {L}"), swa,
+                                       np.ndim(t) > 0, f"temperature_points tau at length {L}")
+                for L, t in self.temperature_points])
         top_k, top_k_layer, top_k_distance = int(self.top_k), 0, 0
         if top_k > 0:
             top_k_layer = DEFAULT_TOP_K_LAYER if self.top_k_layer is None else int(self.top_k_layer)
@@ -404,6 +409,22 @@ class AttentionConfig:
             raise ValueError(f"top_k={top_k} > memory_blocks*memory_block_size={resolved.memory_cells}: the top-k keys "
                              "are chosen among the selected blocks' keys; lower top_k or raise memory_blocks")
         return resolved
+
+
+def _sliding_layers_at_one(tau: np.ndarray, swa_layers: Tuple[int, ...], per_layer: bool, what: str) -> np.ndarray:
+    """tau [n_layer, n_head] with the sliding-window layers at 1, as the library keeps them: those layers never
+    attend past their own window, so no length disperses them. One value applies to the global layers; values
+    given per layer or head must be 1 on the sliding-window layers (anything else would be dropped)."""
+    if not swa_layers:
+        return tau
+    rows = list(swa_layers)
+    if per_layer and not np.all(tau[rows] == 1.0):
+        bad = [il for il in rows if not np.all(tau[il] == 1.0)]
+        raise ValueError(f"{what}: layers {bad} are sliding-window layers, whose temperature stays 1 (they never "
+                         "attend past their own window); give them 1, or one value for the global layers")
+    tau = np.array(tau, dtype=np.float32)
+    tau[rows] = 1.0
+    return tau
 
 
 def _per_unit(tau: Temperature, n_layer: int, n_head: int, what: str) -> np.ndarray:

@@ -200,6 +200,10 @@ class Llama(llama_cpp.Llama):
             raise ValueError(f"type_v={type_v}: a quantized V cache needs flash attention, which the distance "
                              "ceiling and the top-k middle keys cannot use; quantize K only (type_k=8 for q8_0) "
                              "and keep type_v f16 (1)")
+        if self.model_info.softcapped_logits and flash and r.temperature_on:
+            raise ValueError(f"flash_attn=True with a softmax temperature on {self.model_info.architecture}: the "
+                             "temperature divides the softcapped logits, and flash attention caps them inside its "
+                             "kernel; use flash_attn=False")
         if encoding == "alibi" and flash:
             if r.temperature_on:
                 raise ValueError("flash_attn=True with a softmax temperature on an ALiBi model: the temperature-"

@@ -51,6 +51,9 @@ class ModelInfo:
     # multi-head latent attention (DeepSeek-V2 and kin, attention.key_length_mla): llama.cpp caches one latent
     # "key" per token and reads the values from it, through an attention path of its own (a K-only cache)
     latent_attention: bool = False
+    # attention logits capped before the softmax (cap * tanh(s / cap)): llama.cpp does it for Gemma 2 and Grok, and
+    # the temperature then divides the capped logits
+    softcapped_logits: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -162,7 +165,12 @@ def _read_model_info(path: Path) -> ModelInfo:
         file_size=path.stat().st_size,
         attention_metadata={name: get(key) for name, key in _attention_keys(arch).items() if get(key) is not None},
         latent_attention=all(get(f"{arch}.attention.{key}_length_mla") for key in ("key", "value")),
+        softcapped_logits=arch in SOFTCAPPED_ARCHITECTURES,
     )
+
+
+# the architectures whose attention logits llama.cpp caps (gemma2 always, grok in its own graph)
+SOFTCAPPED_ARCHITECTURES = ("gemma2", "grok")
 
 
 def _rope_dimensions(get, arch: str) -> Optional[int]:
@@ -197,6 +205,8 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     so that ``info`` can answer before a model is loaded; tests/test_families.py holds it to what loading does."""
     from .config import MEMORY_POSITION_ENCODINGS
 
+    # the Lambda window, the ceiling and the temperature apply to the global layers of a model with sliding-window
+    # layers (those keep their own window); the top-k keys and the memory select among one cache for every layer
     swa = "sliding-window layers" if info.swa_layers else None
     rotated = None
     ceiling = None
@@ -205,8 +215,6 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     elif info.position_encoding == "rope":
         if info.rope_type not in ("normal", "neox"):
             rotated = "multi-section RoPE"
-        elif swa:
-            rotated = "sliding-window layers with their own RoPE base"
     if info.latent_attention:
         # llama.cpp refuses them at load (the K-only cache's attention path has neither); the Lambda mask and the
         # temperature apply there as everywhere
@@ -214,5 +222,5 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     memory = rotated
     if info.position_encoding not in MEMORY_POSITION_ENCODINGS:
         memory = "the document memory scores its keys at a bounded distance through RoPE or ALiBi"
-    return {"lambda": swa, "ceiling": ceiling or rotated, "temperature": None, "top_k": swa or rotated,
+    return {"lambda": None, "ceiling": ceiling or rotated, "temperature": None, "top_k": swa or rotated,
             "memory": swa or memory}
