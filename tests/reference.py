@@ -219,20 +219,23 @@ def _memory_heads(q_i, kh, vh, keys, logits, positions, cfg, layer, tau, group, 
         starts = list(sel)
         sel = sel[max(start for start in sel if start <= p)]
     sel = np.asarray(sel)
-    if (sel < 0).any():  # the ubatch had fewer than m selectable blocks: the memory added nothing
-        w = np.exp(logits - logits.max(axis=1, keepdims=True))
-        w /= w.sum(axis=1, keepdims=True)
-        return np.einsum("hk,khd->hd", w, vh[keys])
     B = cfg.memory_block
     # the keys the query no longer sees in blocks the ubatch could not select (not wholly behind the window of
     # its first query): the block at the window's edge, a middle key of every head
     first = max(start for start in starts if start <= p)
     n_sel = max(0, first - cfg.sinks - cfg.window + 1) // B
+    if n_sel == 0:  # no block to select yet: the memory adds nothing
+        w = np.exp(logits - logits.max(axis=1, keepdims=True))
+        w /= w.sum(axis=1, keepdims=True)
+        return np.einsum("hk,khd->hd", w, vh[keys])
     hidden = np.nonzero(cfg.middle(p, positions))[0]
     edge = hidden[(positions[hidden] - cfg.sinks) // B >= n_sel] if cfg.memory_edge else hidden[:0]
     for h in range(H):
-        blocks = np.sort(sel[h // group])
-        m = len(blocks)
+        # fewer selectable blocks than m: all of them, the other slots hold none (-1); the passage keeps its m slots
+        row = sel[h // group]
+        m = len(row)
+        blocks = np.sort(row[row >= 0])
+        assert len(blocks) == min(m, n_sel), "the selection must hold every selectable block, or m of them"
         toks = (cfg.sinks + blocks[:, None] * B + np.arange(B)[None, :]).ravel()
         mid = np.nonzero(np.isin(positions, toks))[0]
         assert len(mid) == len(toks), "a selected block lies outside the sequence"

@@ -347,16 +347,34 @@ def test_quantized_k_cache(tmp_path):
     assert errors["memory", 8] < 1.5 * errors["lambda", 8], errors
 
 
-def test_memory_before_enough_blocks_is_plain_lambda(tiny):
-    """Until the question's first query has m blocks behind its window the memory adds nothing."""
+def test_fewer_blocks_than_m_are_all_selected(tiny):
+    """The question's first query has one block behind its window and m = 2: every KV head selects that block (the
+    other slot reports -1) and the logits equal the oracle's given it. Before patch 0019 the memory added nothing
+    until m blocks were there, so a document shorter than W + m*B was answered as if the memory were off (the
+    passkey at 4k with m = 64). With no block behind the window yet, the memory adds nothing."""
     model, path, tokens = tiny
+    cfg = RefAttention(sinks=S, window=W, ceiling=C)
     llm = make_llm(path, memory_config())
     try:
         got = read_and_ask(llm, tokens[:100], question=90)  # (90 - 4 - 32 + 1) // 32 = 1 block < m = 2
+        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
     finally:
         llm.close()
-    plain = forward(model, tokens[:100], RefAttention(sinks=S, window=W, ceiling=C))
-    assert np.abs(got - plain).max() < TOL
+    assert all(((s >= 0).sum(axis=1) == 1).all() and (s[s >= 0] == 0).all() for s in sel.values()), sel
+    ref = forward(model, tokens[:100], RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0,
+                                                    top_k_distance=D, top_k_from=90, memory_blocks=sel,
+                                                    memory_block=B))
+    plain = forward(model, tokens[:100], cfg)
+    assert np.abs(ref - plain)[90:].max() > 0.1, "the one block must change the answer's logits"
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"max |llama.cpp - oracle| = {err}"
+
+    llm = make_llm(path, memory_config())
+    try:
+        early = read_and_ask(llm, tokens[:60], question=50)  # (50 - 4 - 32 + 1) // 32 = 0 blocks
+    finally:
+        llm.close()
+    assert np.abs(early - forward(model, tokens[:60], cfg)).max() < TOL
 
 
 @pytest.mark.parametrize("kw, words", [
@@ -424,6 +442,12 @@ def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_p
     assert rc == 0, out.err
     assert "68512" in out.out, out.out
     assert "memory" in out.err and "selected per head" in out.err and "MiB on disk" in out.err
+    # 64 blocks per head where the document has 26 behind the window: all of them (before patch 0019 the memory
+    # stayed shut below m blocks and this answer was the plain window's)
+    rc = cli.main(["run", "--file", str(doc), "--prompt", question, "--window", "1024", "--no-chat",
+                   "--max-tokens", "16", "--threads", "2", "--memory-blocks", "64", "--quiet"])
+    out = capsys.readouterr()
+    assert rc == 0 and "68512" in out.out, out.out
     rc = cli.main(["run", "--file", str(doc), "--prompt", question, "--window", "1024", "--no-chat",
                    "--max-tokens", "16", "--threads", "2", "--memory-blocks", "0", "--quiet"])
     off = capsys.readouterr()
@@ -431,24 +455,26 @@ def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_p
 
 
 def test_every_query_scope_selects_per_ubatch(tiny):
-    """top_k_scope='all': every ubatch (the reading included) selects its own blocks once m of them lie behind
-    its first query's window; the oracle is given each ubatch's selection."""
+    """top_k_scope='all': every ubatch (the reading included) selects its own blocks once some lie behind its first
+    query's window, all of them while there are fewer than m (the other slots report -1); the oracle is given each
+    ubatch's selection. Before patch 0019 the memory stayed shut until m blocks were selectable."""
     model, path, tokens = tiny
-    ubatch = 64
+    ubatch = 32  # the ubatch at 96 has one block behind its window, fewer than m
     llm = make_llm(path, memory_config(top_k_scope="all"), ubatch=ubatch)
     sel = {il: {} for il in range(H0, model.n_layer)}
     try:
         llm.reset()
         for start in range(0, N_TOKENS, ubatch):
             llm.eval(tokens[start:start + ubatch])
-            n_blocks = (start - S) // B if start > S else 0  # complete blocks stored before this ubatch
-            ready = min(n_blocks, max(0, (start - S - W + 1) // B)) >= M
+            n_sel = max(0, (start - S - W + 1) // B)  # blocks wholly behind the window of the ubatch's first query
             for il in sel:
-                sel[il][start] = llm.memory_selection(il) if ready else np.full((model.n_head_kv, M), -1)
+                sel[il][start] = llm.memory_selection(il)
+                assert ((sel[il][start] >= 0).sum(axis=1) == min(n_sel, M)).all(), (start, sel[il][start])
         got = np.asarray(llm.scores[:N_TOKENS], dtype=np.float64)
     finally:
         llm.close()
     assert sum(int((s >= 0).all()) for s in sel[H0].values()) >= 3, "most ubatches must have used the memory"
+    assert any((s >= 0).any() and (s < 0).any() for s in sel[H0].values()), "a ubatch with fewer than m blocks"
     margin = TopKMargin()
     ref = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0,
                                               top_k_distance=D, memory_blocks=sel, memory_block=B), margin=margin)
