@@ -413,6 +413,26 @@ def test_a_temperature_on_a_sliding_window_layer_is_refused(gemma3):
         llm.close()
 
 
+@pytest.mark.parametrize("facts, words", [(dict(learned_sinks=True), "learned attention sinks"),
+                                          (dict(architecture="t5"), "T5's relative position bias")])
+def test_a_temperature_the_softmax_would_not_take_whole_is_refused(tiny_llama, monkeypatch, facts, words):
+    """gpt-oss's learned sink logits and T5's relative bias enter the softmax beside the logits, where the
+    temperature does not reach: refused (knob_support says so, and Llama before loading; llama.cpp refuses
+    llama_ext_set_temperature too) instead of a softmax that is not the paper's."""
+    from dataclasses import replace
+
+    import llama_extrapolate.llama as llama_module
+    from llama_extrapolate import AttentionConfig, knob_support, read_model_info
+
+    info = replace(read_model_info(tiny_llama[1]), **facts)
+    assert words in knob_support(info)["temperature"]
+    monkeypatch.setattr(llama_module, "read_model_info", lambda path: info)
+    with pytest.raises(ValueError, match=words):
+        make_llm(tiny_llama[1], AttentionConfig(**LAMBDA, temperature=0.9))
+    if "architecture" not in facts:  # (the settings go in under the architecture's name: a llama file here)
+        make_llm(tiny_llama[1], AttentionConfig(**LAMBDA)).close()  # no temperature: loads
+
+
 def test_latent_attention_refuses_the_knobs_its_k_only_cache_has_not(tmp_path, capsys):
     """DeepSeek-V2's MLA caches one latent key per token and attends through llama.cpp's K-only path, which has
     the Lambda mask and the temperature but no ceiling, top-k keys or statistics: those are refused at load with

@@ -22,7 +22,7 @@ from . import logs, native
 from .config import AttentionConfig, ResolvedAttention, Temperature
 from .native import context_address
 from .history import TokenHistory
-from .model_info import InvalidModelError, read_model_info
+from .model_info import InvalidModelError, knob_support, read_model_info
 
 
 # what llama-cpp-python's checks see as the context length when the stream is unbounded
@@ -200,6 +200,10 @@ class Llama(llama_cpp.Llama):
             raise ValueError(f"type_v={type_v}: a quantized V cache needs flash attention, which the distance "
                              "ceiling and the top-k middle keys cannot use; quantize K only (type_k=8 for q8_0) "
                              "and keep type_v f16 (1)")
+        refused = knob_support(self.model_info)["temperature"]
+        if refused and r.temperature_on:
+            raise ValueError(f"a softmax temperature on {self.model_info.architecture} is not supported with {refused}; "
+                             "use temperature=1 and no schedule")
         if self.model_info.softcapped_logits and flash and r.temperature_on:
             raise ValueError(f"flash_attn=True with a softmax temperature on {self.model_info.architecture}: the "
                              "temperature divides the softcapped logits, and flash attention caps them inside its "

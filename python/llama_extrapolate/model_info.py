@@ -54,6 +54,8 @@ class ModelInfo:
     # attention logits capped before the softmax (cap * tanh(s / cap)): llama.cpp does it for Gemma 2 and Grok, and
     # the temperature then divides the capped logits
     softcapped_logits: bool = False
+    # a learned sink logit per head (gpt-oss: attn_sinks), which enters the softmax beside the logits
+    learned_sinks: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -166,6 +168,7 @@ def _read_model_info(path: Path) -> ModelInfo:
         attention_metadata={name: get(key) for name, key in _attention_keys(arch).items() if get(key) is not None},
         latent_attention=all(get(f"{arch}.attention.{key}_length_mla") for key in ("key", "value")),
         softcapped_logits=arch in SOFTCAPPED_ARCHITECTURES,
+        learned_sinks=any(t.name.endswith(".attn_sinks.weight") for t in reader.tensors),
     )
 
 
@@ -222,5 +225,11 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     memory = rotated
     if info.position_encoding not in MEMORY_POSITION_ENCODINGS:
         memory = "the document memory scores its keys at a bounded distance through RoPE or ALiBi"
-    return {"lambda": None, "ceiling": ceiling or rotated, "temperature": None, "top_k": swa or rotated,
+    # the temperature divides the logits; terms the softmax adds beside them it would not reach (patch 0018)
+    temperature = None
+    if info.learned_sinks:
+        temperature = "learned attention sinks (a logit per head that the temperature would not divide)"
+    elif info.architecture in ("t5", "t5encoder"):
+        temperature = "T5's relative position bias (added to the logits, which the temperature would not divide)"
+    return {"lambda": None, "ceiling": ceiling or rotated, "temperature": temperature, "top_k": swa or rotated,
             "memory": swa or memory}
