@@ -104,6 +104,32 @@ def table_nll_64k(r: Path) -> str:
     return md(["configuration"] + head + ["tok/s", "peak RSS MiB", "KV cells (n_ctx)"], rows)
 
 
+MODEL_NLL_RANGES = ((0, 4096),) + NLL_RANGES
+
+
+def table_nll_models(r: Path) -> str:
+    """NLL by position on the registry models (``llama-extrapolate nll --model NAME``, bench/results/nll_<model>.json):
+    each model's own training length decides where its full attention leaves what it was trained on."""
+    rows = []
+    for path in sorted(r.glob("nll_*.json")):
+        if path.name == "nll_essays.json":
+            continue
+        d = json.loads(path.read_text())
+        for name, e in d["configs"].items():
+            cells = [f(range_mean(e["buckets"], lo, hi), 3) for lo, hi in MODEL_NLL_RANGES]
+            c = e["config"]
+            if name == "context-shift":
+                setting = f"n_ctx = {c['n_ctx']}"
+            elif c["window"] == 0 or name == "vanilla":
+                setting = "full attention"
+            else:  # None: the model's training length
+                setting = f"S = {c['sinks']}, W = {c['window'] or 'the training length'}"
+            speed = f(e["tokens_per_second"], 1) if e.get("complete") else f"(stopped at {e.get('tokens_done', 0)})"
+            rows.append([Path(d["model"]).stem, f"{nll_label(name)} ({setting})"] + cells + [speed, d["threads"]])
+    head = [f"NLL {k(lo)}–{k(hi)}" for lo, hi in MODEL_NLL_RANGES]
+    return md(["model", "configuration"] + head + ["tok/s", "threads"], rows)
+
+
 # --- passkey (bench/long_eval.py passkey) ------------------------------------------------------------------------
 
 PASSKEY_LABELS = {"vanilla": "vanilla", "lambda": "Λ + ceiling", "context-shift": "context shift"}
@@ -471,6 +497,7 @@ def table_server_ttft(r: Path) -> str:
 TABLES: Dict[str, Callable[[Path], str]] = {
     "ablation": table_ablation,
     "nll-64k": table_nll_64k,
+    "nll-models": table_nll_models,
     "passkey": table_passkey,
     "stream": table_stream,
     "knobs-off": table_knobs_off,
@@ -496,7 +523,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
 }
 
 AREAS: Dict[str, List[str]] = {
-    "nll": ["ablation", "nll-64k"],
+    "nll": ["ablation", "nll-64k", "nll-models"],
     "speed": ["stream", "knobs-off", "prefill-dip", "soak"],
     "top-k": ["topk-summary", "topk-passkey", "topk-cost"],
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
