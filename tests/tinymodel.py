@@ -280,14 +280,15 @@ class TinyGemma3(TinyLlama):
 
     def write(self, path: Path, arch: Optional[str] = None, context_length=TRAINING_LENGTH,
               rope_dimension_count: bool = True) -> Path:
-        def hparams(w):
-            w.add_rope_dimension_count(self.head_dim)
-            w.add_rope_freq_base(self.rope_base)
-            w.add_float32(f"{arch or self.arch}.rope.freq_base_swa", self.rope_base_swa)
-            w.add_layer_norm_rms_eps(self.rms_eps)
-            w.add_sliding_window(self.sliding_window)
+        a = arch or self.arch
+        return _write(path, a, self, self.n_head_kv, lambda w: self.add_hparams(w, a), context_length)
 
-        return _write(path, arch or self.arch, self, self.n_head_kv, hparams, context_length)
+    def add_hparams(self, w, arch: str) -> None:
+        w.add_rope_dimension_count(self.head_dim)
+        w.add_rope_freq_base(self.rope_base)
+        w.add_float32(f"{arch}.rope.freq_base_swa", self.rope_base_swa)
+        w.add_layer_norm_rms_eps(self.rms_eps)
+        w.add_sliding_window(self.sliding_window)
 
 
 @dataclass
@@ -312,19 +313,10 @@ class TinyGemma2(TinyGemma3):
             del self.weights[f"blk.{i}.attn_q_norm.weight"], self.weights[f"blk.{i}.attn_k_norm.weight"]
         del self.weights["output.weight"]
 
-    def write(self, path: Path, arch: Optional[str] = None, context_length=TRAINING_LENGTH,
-              rope_dimension_count: bool = True) -> Path:
-        a = arch or self.arch
-
-        def hparams(w):
-            w.add_rope_dimension_count(self.head_dim)
-            w.add_rope_freq_base(self.rope_base)
-            w.add_layer_norm_rms_eps(self.rms_eps)
-            w.add_sliding_window(self.sliding_window)
-            w.add_float32(f"{a}.attn_logit_softcapping", self.attn_softcap)
-            w.add_float32(f"{a}.final_logit_softcapping", self.final_softcap)
-
-        return _write(path, a, self, self.n_head_kv, hparams, context_length)
+    def add_hparams(self, w, arch: str) -> None:
+        super().add_hparams(w, arch)
+        w.add_float32(f"{arch}.attn_logit_softcapping", self.attn_softcap)
+        w.add_float32(f"{arch}.final_logit_softcapping", self.final_softcap)
 
 
 @dataclass
