@@ -90,8 +90,8 @@ def test_long_document_then_second_question_reuses_the_stream(server):
 
     pieces, timings2, _ = chat(server, f"{LONG}\n\nWho wrote the text above?", stream=True)
     assert len(pieces) > 2 and "".join(pieces).strip(), pieces
+    # what was read, not how long it took (a timing is the benchmark's: bench/server.py)
     assert timings2["cache_n"] > usage.prompt_tokens - 64 and timings2["prompt_n"] < 64, timings2
-    assert timings2["prompt_ms"] < timings["prompt_ms"] / 20, (timings, timings2)
 
 
 def test_same_answer_as_the_python_library(server):
