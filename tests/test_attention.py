@@ -430,6 +430,62 @@ def test_ceiling_with_far_cells_behind_another_sequence(tiny, ceiling):
     check(got, forward(model, tokens, cfg), f"ceiling {ceiling}, sinks after another sequence's cells")
 
 
+def test_a_rebased_stream_copied_to_another_sequence_keeps_both_exact(tiny):
+    """llama_memory_seq_cp gives a second sequence the cells of a re-based stream (and its position offsets). When
+    the first stream goes on, re-basing it would move the cells the copy shares too, without the copy's offsets: the
+    copy's keys would sit delta positions off. A stream whose kept cells another sequence shares is not re-based
+    until they are its own, so both sequences read exactly what a fresh stream reads."""
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    model, path, _ = tiny
+    tokens = np.random.default_rng(11).integers(3, model.n_vocab, size=400).tolist()
+    fork = tokens[:150] + np.random.default_rng(12).integers(3, model.n_vocab, size=50).tolist()
+    cfg = RefAttention(sinks=4, window=32, ceiling=32)
+    llm = make_llm(path, AttentionConfig(sinks=4, window=32, ceiling=32, rollback=0))  # re-based every 32 tokens
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 512, 16, 16, 2
+    params.kv_unified, params.type_k, params.type_v = True, 0, 0
+    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    params.n_threads = params.n_threads_batch = 2
+    ctx = llama_cpp.llama_init_from_model(llm.model, params)
+    assert ctx, "could not create a two-sequence context"
+    n_vocab = llm.n_vocab()
+    batch = llama_cpp.llama_batch_init(16, 0, 1)
+    mem = llama_cpp.llama_get_memory(ctx)
+
+    def read(seq, toks, start, step=16):
+        out = np.empty((len(toks) - start, n_vocab))
+        for s in range(start, len(toks), step):
+            chunk = toks[s:s + step]
+            batch.n_tokens = len(chunk)
+            for i, t in enumerate(chunk):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, s + i, 1
+                batch.seq_id[i][0], batch.logits[i] = seq, True
+            assert llama_cpp.llama_decode(ctx, batch) == 0
+            out[s - start:s - start + len(chunk)] = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx),
+                                                                           shape=(len(chunk), n_vocab))
+        return out
+
+    try:
+        read(0, tokens[:150], 0)
+        address = llama_extrapolate.context_address(ctx)
+        offset = llama_extrapolate._core.seq_pos_offset(address, 0)
+        assert offset > 0, "the stream was not re-based before the copy: the test would not test anything"
+        llama_cpp.llama_memory_seq_cp(mem, 0, 1, -1, -1)
+        # the first stream goes on past the shared cells, in steps that re-base it while it still keeps some of them
+        got0 = read(0, tokens, 150, step=4)
+        got1 = read(1, fork, 150)    # then the copy reads its own continuation
+        assert llama_extrapolate._core.seq_pos_offset(address, 0) > offset, "the first stream is re-based again later"
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        llm.close()
+    check(got0, forward(model, tokens, cfg)[150:], "the stream after the copy")
+    check(got1, forward(model, fork, cfg)[150:], "the copy, after the stream it was copied from moved on")
+
+
 def test_a_rollback_on_a_rebased_stream_removes_the_callers_positions(tiny):
     """llama-cpp-python rolls a cache back with kv_cache_seq_rm(-1, n_tokens, -1) (every sequence, caller
     positions). On a re-based stream those positions are not the memory's: the call is made for each sequence with
