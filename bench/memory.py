@@ -68,7 +68,7 @@ def run_cost(args) -> None:
     if len(tokens) < args.tokens:
         raise SystemExit(f"--tokens {args.tokens}: the essays have only {len(tokens)} tokens")
     m = args.memory_blocks or DEFAULT_MEMORY_BLOCKS
-    memory_name = "lambda+memory" if m == DEFAULT_MEMORY_BLOCKS else f"lambda+memory:m={m}"
+    memory_name = f"lambda+memory:m={m}"
     out = {"tokens": len(tokens), "window": args.window, "threads": args.threads, "memory_blocks": m, "configs": {}}
     for name in ("lambda", memory_name):
         st = setup_for(name, info, len(tokens) + len(question) + 16, args.n_batch, window=args.window)

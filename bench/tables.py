@@ -413,7 +413,7 @@ def table_upstream(r: Path) -> str:
 # --- document memory (bench/memory.py) ----------------------------------------------------------------------
 
 class MemoryLabels(dict):
-    """The row names of the memory benchmarks; "lambda+memory:m=N" (another m than the default 16) says its m."""
+    """The row names of the memory benchmarks; "lambda+memory:m=N" says its m."""
 
     def get(self, name, default=None):
         if name.startswith("lambda+memory:m="):
@@ -421,7 +421,7 @@ class MemoryLabels(dict):
         return super().get(name, default)
 
 
-MEMORY_LABELS = MemoryLabels({"lambda": "Λ + ceiling", "lambda+memory": "Λ + memory (m = 16, B = 64, k = 5)",
+MEMORY_LABELS = MemoryLabels({"lambda": "Λ + ceiling",
                               "lambda+top-k": "Λ + top-k (whole cache)", "vanilla": "vanilla (full attention)",
                               "context-shift": "context shift"})
 

@@ -142,12 +142,16 @@ def test_memory_configurations_name_their_blocks(info, capsys):
     m*B cells larger per block added; a malformed m is named, and nll refuses every memory configuration."""
     from llama_extrapolate import cli
     from llama_extrapolate.config import DEFAULT_MEMORY_BLOCK, DEFAULT_MEMORY_BLOCKS
-    from llama_extrapolate.evaluate import memory_blocks_of, setup_for
+    from llama_extrapolate.evaluate import memory_blocks_of, memory_config_name, setup_for
 
-    base = setup_for("lambda+memory", info, 20_000, 512, window=1024)
+    default = setup_for("lambda+memory", info, 20_000, 512, window=1024)
+    base = setup_for("lambda+memory:m=16", info, 20_000, 512, window=1024)
     more = setup_for("lambda+memory:m=64", info, 20_000, 512, window=1024)
-    assert base.attention.memory_blocks == DEFAULT_MEMORY_BLOCKS and more.attention.memory_blocks == 64
-    assert more.n_ctx - base.n_ctx == (64 - DEFAULT_MEMORY_BLOCKS) * DEFAULT_MEMORY_BLOCK
+    assert default.attention.memory_blocks == DEFAULT_MEMORY_BLOCKS
+    assert base.attention.memory_blocks == 16 and more.attention.memory_blocks == 64
+    assert more.n_ctx - base.n_ctx == (64 - 16) * DEFAULT_MEMORY_BLOCK
+    assert memory_config_name("lambda+memory") == f"lambda+memory:m={DEFAULT_MEMORY_BLOCKS}"
+    assert memory_config_name("lambda+memory:m=16") == "lambda+memory:m=16" and memory_config_name("lambda") == "lambda"
     assert base.top_k_question and more.top_k_question and more.memory_capacity == base.memory_capacity
     assert memory_blocks_of("lambda") is None and memory_blocks_of("lambda+memoryx") is None
     for bad in ("lambda+memory:m=0", "lambda+memory:m=x", "lambda+memory:m="):

@@ -67,11 +67,12 @@ def chat(server, content: str, max_tokens: int = 16, stream: bool = False, cache
 
 def test_command_line_carries_the_settings(binary):
     """What `serve --llama_server` runs: the attention as metadata, the cache sized for it, one slot."""
+    from llama_extrapolate.config import DEFAULT_MEMORY_BLOCKS
     from llama_extrapolate.server import ExtrapolateSettings, llama_server_args
 
     args = llama_server_args(ExtrapolateSettings(window=WINDOW, memory_capacity=CAPACITY, n_threads=2))
     joined = " ".join(args)
-    for part in (f"llama.attention.lambda.window=int:{WINDOW}", "llama.attention.lambda.memory_blocks=int:16",
+    for part in (f"llama.attention.lambda.window=int:{WINDOW}", f"llama.attention.lambda.memory_blocks=int:{DEFAULT_MEMORY_BLOCKS}",
                  "llama.attention.lambda.rollback=int:256", "-np 1", f"--memory-capacity {CAPACITY}",
                  "--question-tokens 128"):
         assert part in joined, (part, joined)

@@ -180,11 +180,18 @@ BASELINES = ("lambda", "vanilla", "context-shift", "window-only", "lambda-only",
 # retrieval tasks only: the document is read with the Lambda mask, the question adds the top-k middle keys
 TOP_K_CONFIG = "lambda+top-k"
 # retrieval tasks only: the document is read with the bounded Lambda cache and goes to the document memory, the
-# question selects m blocks per KV head (config.DEFAULT_MEMORY_BLOCKS; "lambda+memory:m=64" for another m) and takes
+# question selects m blocks per KV head (config.DEFAULT_MEMORY_BLOCKS; "lambda+memory:m=16" for another m) and takes
 # the top-5 keys among them
 MEMORY_CONFIG = "lambda+memory"
 # full attention with a calibration profile's schedule: "profile=" + the profile's path
 PROFILE_CONFIG_PREFIX = "profile="
+
+
+def memory_config_name(name: str) -> str:
+    """The name results are stored under: a memory configuration with its m ("lambda+memory" is the default's, which
+    has changed, so a stored "lambda+memory" would not say which m it ran with); any other name as it is."""
+    m = memory_blocks_of(name)
+    return name if m is None else f"{MEMORY_CONFIG}:m={m}"
 
 
 def memory_blocks_of(name: str) -> Optional[int]:

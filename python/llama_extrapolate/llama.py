@@ -120,7 +120,7 @@ class Llama(llama_cpp.Llama):
             self._open_memory(memory_path, memory_dir, memory_keep, memory_type, memory_capacity)
         elif memory_path is not None or memory_capacity is not None:
             raise ValueError("memory_path/memory_capacity without the document memory: use "
-                             "AttentionConfig(memory_blocks=16, top_k=5, ...) to keep what leaves the window")
+                             "AttentionConfig(memory_blocks=64, top_k=5, ...) to keep what leaves the window")
         if expected.top_k > 0 and expected.top_k_scope == "question":
             self.set_top_k_active(False)  # read with plain Lambda attention until the question
 

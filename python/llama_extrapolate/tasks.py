@@ -173,7 +173,7 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
     """Accuracy by configuration, length and depth; each trial is written to ``out_path`` as it finishes and a
     rerun with the same settings skips the trials already there."""
     from .corpora import paul_graham_essays
-    from .evaluate import setup_for
+    from .evaluate import memory_config_name, setup_for
     from .llama import Llama
     from .model_info import read_model_info
 
@@ -188,6 +188,7 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
     if bad:
         raise ValueError(f"length {bad[0]} is too short: use 64 tokens or more")
     info = read_model_info(model)
+    configs = [memory_config_name(c) for c in configs]  # trials say which m they ran with
     out_path = Path(out_path)
     settings = {"task": task, "seed": seed, "model": Path(model).name, "n_new": n_new}
     results = read_json_if(out_path, lambda old: all(old.get(k) == v for k, v in settings.items()))
