@@ -76,7 +76,8 @@ def test_command_line_carries_the_settings(binary):
                  "llama.attention.lambda.rollback=int:256", "-np 1", f"--memory-capacity {CAPACITY}",
                  "--question-tokens 128"):
         assert part in joined, (part, joined)
-    assert int(args[args.index("-c") + 1]) < 4096  # the bounded cache, not the document
+    # the bounded cache (sinks, window, rollback, ubatch, the memory's region and edge block), not the document
+    assert int(args[args.index("-c") + 1]) == 10 + WINDOW + 256 + 512 + (DEFAULT_MEMORY_BLOCKS + 1) * 64 < CAPACITY
     with pytest.raises(ValueError, match="sinks=500 > window=100"):
         llama_server_args(ExtrapolateSettings(window=100, sinks=500))
 

@@ -125,9 +125,11 @@ def test_a_request_sets_its_attention_and_bad_values_get_400(server):
     """A request's "attention" object sets the middle keys for that request alone; a field a request cannot set
     (the window shapes the cache) or a value out of range is HTTP 400 naming it, streaming or not, before any
     reading, and the server goes on."""
+    from llama_extrapolate.config import DEFAULT_MEMORY_BLOCKS
+
     bad = [({"window": 100}, "attention.window: fixed when the model loads (restart the server with --window)"),
            ({"top_k": 0}, "attention.top_k=0: give an integer >= 1"),
-           ({"top_k": 5000}, "top_k=5000 > memory_blocks*memory_block_size=1024"),
+           ({"top_k": 5000}, f"top_k=5000 > memory_blocks*memory_block_size={DEFAULT_MEMORY_BLOCKS * 64}"),
            ({"question_tokens": "all"}, "attention.question_tokens='all'"),
            ("five", "attention='five'")]
     for value, words in bad:
