@@ -387,6 +387,20 @@ def test_flash_attention_is_exact_for_mask_and_temperature(tiny, case):
         llm.close()
 
 
+def two_sequence_context(llm, n_batch):
+    """A raw context for two sequences in one unified F32 cache on llm's model (the Llama's own holds one)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 512, n_batch, n_batch, 2
+    params.kv_unified, params.type_k, params.type_v = True, 0, 0
+    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    params.n_threads = params.n_threads_batch = 2
+    ctx = llama_cpp.llama_init_from_model(llm.model, params)
+    assert ctx, "could not create a two-sequence context"
+    return ctx
+
+
 @pytest.mark.parametrize("ceiling", [32, 16])
 def test_ceiling_with_far_cells_behind_another_sequence(tiny, ceiling):
     """The distance ceiling (patch 0003) scores only the span of cells that some query sees at distance >= C. Here another
@@ -398,13 +412,7 @@ def test_ceiling_with_far_cells_behind_another_sequence(tiny, ceiling):
     model, path, tokens = tiny
     cfg = RefAttention(sinks=4, window=32, ceiling=ceiling)
     llm = make_llm(path, AttentionConfig(sinks=4, window=32, ceiling=ceiling))
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 512, 64, 64, 2
-    params.kv_unified, params.type_k, params.type_v = True, 0, 0
-    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    params.n_threads = params.n_threads_batch = 2
-    ctx = llama_cpp.llama_init_from_model(llm.model, params)
-    assert ctx, "could not create a two-sequence context"
+    ctx = two_sequence_context(llm, 64)
     n_vocab = llm.n_vocab()
     batch = llama_cpp.llama_batch_init(64, 0, 1)
 
@@ -444,13 +452,7 @@ def test_a_rebased_stream_copied_to_another_sequence_keeps_both_exact(tiny):
     fork = tokens[:150] + np.random.default_rng(12).integers(3, model.n_vocab, size=50).tolist()
     cfg = RefAttention(sinks=4, window=32, ceiling=32)
     llm = make_llm(path, AttentionConfig(sinks=4, window=32, ceiling=32, rollback=0))  # re-based every 32 tokens
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 512, 16, 16, 2
-    params.kv_unified, params.type_k, params.type_v = True, 0, 0
-    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    params.n_threads = params.n_threads_batch = 2
-    ctx = llama_cpp.llama_init_from_model(llm.model, params)
-    assert ctx, "could not create a two-sequence context"
+    ctx = two_sequence_context(llm, 16)
     n_vocab = llm.n_vocab()
     batch = llama_cpp.llama_batch_init(16, 0, 1)
     mem = llama_cpp.llama_get_memory(ctx)
