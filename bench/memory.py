@@ -52,10 +52,9 @@ def run_retrieval(args) -> None:
 def run_cost(args) -> None:
     import llama_extrapolate as le
     from llama_extrapolate import native
-    from llama_extrapolate.config import DEFAULT_MEMORY_BLOCKS
     from llama_extrapolate.corpora import paul_graham_essays
     from llama_extrapolate.default_model import default_model_path
-    from llama_extrapolate.evaluate import setup_for
+    from llama_extrapolate.evaluate import MEMORY_CONFIG, memory_blocks_of, memory_config_name, setup_for
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
     from tqdm import tqdm
 
@@ -67,8 +66,8 @@ def run_cost(args) -> None:
     vocab.close()
     if len(tokens) < args.tokens:
         raise SystemExit(f"--tokens {args.tokens}: the essays have only {len(tokens)} tokens")
-    m = args.memory_blocks or DEFAULT_MEMORY_BLOCKS
-    memory_name = f"lambda+memory:m={m}"
+    memory_name = memory_config_name(MEMORY_CONFIG + (f":m={args.memory_blocks}" if args.memory_blocks else ""))
+    m = memory_blocks_of(memory_name)
     out = {"tokens": len(tokens), "window": args.window, "threads": args.threads, "memory_blocks": m, "configs": {}}
     for name in ("lambda", memory_name):
         st = setup_for(name, info, len(tokens) + len(question) + 16, args.n_batch, window=args.window)

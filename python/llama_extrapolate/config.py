@@ -49,7 +49,8 @@ def _check_count(name: str, value, allow_none: bool = True) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}={value!r} must be a whole number of tokens (or None for the default)")
+        default = " (or None for the default)" if allow_none else ""
+        raise TypeError(f"{name}={value!r} must be a whole number of tokens{default}")
     if value < 0:
         raise ValueError(f"{name}={value} must be >= 0 (0 switches it off)")
     if value >= 2**31:
