@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai", reason="the server tests need the openai client: pip install '.[test]'")
@@ -115,6 +116,58 @@ def test_same_answer_as_the_python_library(server):
         llm.close()
     theirs = server.client.completions.create(model="default", prompt=prompt, max_tokens=12, temperature=0)
     assert theirs.choices[0].text == ours, (theirs.choices[0].text, ours)
+
+
+TINY_LAMBDA = dict(window=32, sinks=4, memory_blocks=0, n_threads=2)
+TINY_MEMORY = dict(TINY_LAMBDA, top_k_layer=1, memory_blocks=4, memory_block_size=32, memory_type="f32",
+                   memory_capacity=2048, question_tokens=16)
+
+
+@pytest.mark.parametrize("settings", [TINY_LAMBDA, TINY_MEMORY], ids=["lambda", "memory"])
+def test_a_stream_read_on_is_re_based_as_the_library_does(binary, tiny_llama, tmp_path, settings):
+    """A 701-token prompt, then the same prompt one token longer twice (the server reads the new token from its
+    cached stream): the log-probabilities at each step equal llama_extrapolate.Llama's within float rounding. The
+    server decodes through llama_process, which once skipped the position re-basing (patch 0022): 1.6e-3 apart
+    after the first re-base, where two layouts of the library's cache give the same bits."""
+    import httpx
+
+    from llama_extrapolate import Llama
+    from llama_extrapolate.server import ExtrapolateModelSettings, attention_settings
+
+    model, path = tiny_llama
+    built = attention_settings(ExtrapolateModelSettings(model=str(path), **settings))
+    assert built["resolved"].memory == (settings["memory_blocks"] > 0)
+    prompt = [1] + np.random.default_rng(11).integers(3, model.n_vocab, size=700).tolist()
+    # the answer kept to ASCII bytes: the server reports a token's probabilities once its text is whole (they are
+    # the raw logits', which a bias does not change)
+    ascii_only = [[t, False] for t in range(3 + 128, model.n_vocab)]
+
+    server = LlamaServer(binary, "--model", str(path), *[f"--{k}={v}" for k, v in settings.items()],
+                         tmp_path=tmp_path)
+    steps, tokens = [], list(prompt)
+    try:
+        for _ in range(3):
+            r = httpx.post(server.url + "/completion", json={
+                "prompt": tokens, "n_predict": 1, "temperature": 0, "n_probs": 10, "return_tokens": True,
+                "ignore_eos": True, "logit_bias": ascii_only}, timeout=600).json()
+            assert r["timings"]["prompt_n"] == (1 if steps else len(prompt)), r["timings"]
+            steps.append({t["id"]: t["logprob"] for t in r["completion_probabilities"][0]["top_logprobs"]})
+            tokens.append(r["tokens"][0])
+    finally:
+        server.stop()
+
+    llm = Llama(built["model"], n_ctx=built["n_ctx"], n_threads=2, n_batch=512, n_ubatch=512, verbose=False,
+                **built["kwargs"])
+    try:
+        llm.eval(prompt)
+        for i, theirs in enumerate(steps):
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float64)
+            logprobs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+            err = max(abs(logprobs[t] - lp) for t, lp in theirs.items())
+            assert err < 1e-4, f"step {i}: llama-server and the library {err:.2e} apart"
+            llm.eval([tokens[len(prompt) + i]])
+    finally:
+        llm.close()
 
 
 def test_two_clients_are_served_in_turn_with_their_own_answers(server):
