@@ -127,8 +127,8 @@ TINY_MEMORY = dict(TINY_LAMBDA, top_k_layer=1, memory_blocks=4, memory_block_siz
 def test_a_stream_read_on_is_re_based_as_the_library_does(binary, tiny_llama, tmp_path, settings):
     """A 701-token prompt, then the same prompt one token longer twice (the server reads the new token from its
     cached stream): the log-probabilities at each step equal llama_extrapolate.Llama's within float rounding. The
-    server decodes through llama_process, which once skipped the position re-basing (patch 0022): 1.6e-3 apart
-    after the first re-base, where two layouts of the library's cache give the same bits."""
+    server decodes through llama_process, which once skipped the position re-basing (patch 0022): 4.8e-4 (Lambda)
+    and 2.4e-3 (memory) apart after the first re-base, where two layouts of the library's cache give the same bits."""
     import httpx
 
     from llama_extrapolate import Llama
