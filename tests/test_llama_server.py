@@ -170,6 +170,28 @@ def test_a_stream_read_on_is_re_based_as_the_library_does(binary, tiny_llama, tm
         llm.close()
 
 
+def test_a_prompt_sharing_a_few_tokens_with_a_re_based_stream_is_read_again(binary, tiny_llama, tmp_path):
+    """A prompt that shares 24 tokens with a cached stream re-based long ago (700 tokens, W = 32): the tokens after
+    the sinks are gone, so the server cannot keep the 24 and reads the prompt again (llama_memory_seq_rm refuses the
+    cut). Before, the cut was translated to one back to the sinks and the next batch failed ("Invalid input batch",
+    HTTP 500)."""
+    import httpx
+
+    model, path = tiny_llama
+    first = [1] + np.random.default_rng(11).integers(3, 131, size=700).tolist()
+    second = first[:24] + np.random.default_rng(12).integers(3, 131, size=40).tolist()
+    server = LlamaServer(binary, "--model", str(path), *[f"--{k}={v}" for k, v in TINY_LAMBDA.items()],
+                         tmp_path=tmp_path)
+    try:
+        for prompt in (first, second):
+            r = httpx.post(server.url + "/completion", json={"prompt": prompt, "n_predict": 2, "ignore_eos": True},
+                           timeout=600)
+            assert r.status_code == 200, r.text
+            assert r.json()["timings"]["prompt_n"] == len(prompt), r.json()["timings"]
+    finally:
+        server.stop()
+
+
 def test_two_clients_are_served_in_turn_with_their_own_answers(server):
     """Two clients at once get the answers each gets alone. Each prompt is read whole (cache_prompt false): a
     prompt read after another would reuse the chat template's first tokens and read the rest in other batches,
