@@ -150,7 +150,7 @@ def test_the_smallest_cache_holds_the_keys_at_the_windows_edge(tiny, asked):
     got, _, _, _ = asked
     cfg = memory_config(rollback=0)
     n_ctx = cfg.resolve(read_model_info(str(path))).required_n_ctx(64, stream=0)
-    assert n_ctx == S + W + 64 + M * B + B < N_TOKENS
+    assert n_ctx == S + W + 64 + B < N_TOKENS  # the region of m*B keys is in the graph, not in the cache
     llm = make_llm(path, cfg, n_ctx=n_ctx, logits_all=False)  # the stream outgrows n_ctx: the last logits only
 
     def last():
@@ -166,6 +166,37 @@ def test_the_smallest_cache_holds_the_keys_at_the_windows_edge(tiny, asked):
         llm.close()
     np.testing.assert_allclose(read, got[QUESTION - 1], atol=1e-4, rtol=0)
     np.testing.assert_allclose(answer, got[N_TOKENS - 1], atol=1e-4, rtol=0)
+
+
+def test_the_selected_blocks_take_no_cells_of_the_cache(tiny):
+    """Patch 0023: the m*B keys and values of the selected blocks are appended to each layer's view in the graph,
+    so a region larger than the whole cache works (it was refused: the cache had to hold it), exact against the
+    oracle given the selection."""
+    from llama_extrapolate import native, read_model_info
+
+    model, path, tokens = tiny
+    m = 9  # blocks of 32: 288 keys per KV head, every block of the document (fewer are behind the window)
+    cfg = memory_config(memory_blocks=m, rollback=0)
+    n_ctx = cfg.resolve(read_model_info(str(path))).required_n_ctx(64, stream=0)
+    llm = make_llm(path, cfg, n_ctx=n_ctx, logits_all=False)  # the stream outgrows n_ctx: the last logits only
+    try:
+        cells = native.n_cells(native.context_address(llm))
+        llm.eval(tokens[:QUESTION])
+        llm.set_top_k_active(True)
+        llm.eval(tokens[QUESTION:])
+        got = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float64)
+        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
+    finally:
+        llm.close()
+    assert cells < m * B, f"the cache has {cells} cells: the region of {m * B} must not be among them"
+    assert all(s.shape == (model.n_head_kv, m) for s in sel.values())
+    ref = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0,
+                                              top_k_distance=D, top_k_from=QUESTION, memory_blocks=sel,
+                                              memory_block=B))[-1]
+    plain = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C))[-1]
+    assert np.abs(ref - plain).max() > 0.5, "the memory must change the answer's logits"
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"max |llama.cpp - oracle| = {err}"
 
 
 def test_the_store_holds_every_token_after_the_sinks_unrotated(tiny, asked):

@@ -82,7 +82,8 @@ class ResolvedAttention:
 
     @property
     def memory_cells(self) -> int:
-        """The cells of the cache the selected blocks are brought into."""
+        """The keys each KV head reads from the selected blocks (m*B; they are brought into the graph, not the
+        cache)."""
         return self.memory_blocks * self.memory_block_size
 
     @property
@@ -136,8 +137,7 @@ class ResolvedAttention:
         """The cache must hold the sinks, the window, the rollback margin and one ubatch."""
         need = self.required_n_ctx(n_ubatch, stream=0)
         if self.bounded_cache and n_ctx < need:
-            memory = (f" + memory cells {self.memory_cells} + the block at the window's edge {self.memory_edge_cells}"
-                      if self.memory_cells else "")
+            memory = f" + the block at the window's edge {self.memory_edge_cells}" if self.memory_edge_cells else ""
             raise ValueError(
                 f"window={self.window} with sinks={self.sinks} and rollback={self.rollback} needs "
                 f"n_ctx >= sinks + window + rollback + n_ubatch{memory} = {need}, got n_ctx={n_ctx}: raise n_ctx or "
@@ -148,7 +148,7 @@ class ResolvedAttention:
         """Smallest n_ctx for a stream of `stream` tokens: bounded with a window, the whole stream without
         (or with top-k middle keys)."""
         if self.bounded_cache:
-            return self.sinks + self.window + self.rollback + n_ubatch + self.memory_cells + self.memory_edge_cells
+            return self.sinks + self.window + self.rollback + n_ubatch + self.memory_edge_cells
         return stream
 
 
