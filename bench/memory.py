@@ -9,8 +9,8 @@ it on this machine's budget. Each trial is written to ``bench/results/memory_<ta
 rerun resumes), and ``memory_<task>.png`` is the heatmap.
 
 ``cost``: one essay stream read with the bounded Lambda cache, then with the memory (question scope): tokens/s,
-peak RSS, bytes on disk per token and in RAM, and the time from the end of the reading to the first answer
-token (``bench/results/memory_cost.json``, one entry per length and window: a run replaces its own entry).
+peak RSS, bytes on disk per token and in RAM, the time from the end of the reading to the first answer
+token and the answer's decode speed over 16 tokens (``bench/results/memory_cost.json``, one entry per length and window: a run replaces its own entry).
 
     python bench/memory.py retrieval [--task passkey] [--lengths 4096,8192,16384] [--trials 2] [--model NAME]
     python bench/memory.py cost [--tokens 16384] [--window 1024] [--memory-blocks 64]
@@ -27,6 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+ANSWER_TOKENS = 16
 
 
 def run_retrieval(args) -> None:
@@ -56,6 +57,7 @@ def run_cost(args) -> None:
     from llama_extrapolate.default_model import default_model_path
     from llama_extrapolate.evaluate import MEMORY_CONFIG, memory_blocks_of, memory_config_name, setup_for
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
+    import numpy as np
     from tqdm import tqdm
 
     model = str(default_model_path())
@@ -85,8 +87,14 @@ def run_cost(args) -> None:
             t1 = time.perf_counter()
             llm.eval(question)
             to_answer = time.perf_counter() - t1
-            entry = {"read_tok_s": len(tokens) / read_s, "question_s": to_answer, "n_ctx": st.n_ctx,
-                     "peak_rss_bytes": peak_rss_bytes()}
+            # the answer's decode steps: each selects its blocks and reads them (and the window) once more
+            t2, answer = time.perf_counter(), []
+            for _ in range(ANSWER_TOKENS):
+                answer.append(int(np.argmax(native.last_logits(native.context_address(llm), llm.n_vocab()))))
+                llm.eval(answer[-1:])
+            answer_s = time.perf_counter() - t2
+            entry = {"read_tok_s": len(tokens) / read_s, "question_s": to_answer,
+                     "answer_tok_s": ANSWER_TOKENS / answer_s, "n_ctx": st.n_ctx, "peak_rss_bytes": peak_rss_bytes()}
             if st.attention.memory_blocks:
                 mi = llm.memory_info()
                 entry.update(memory=mi, disk_bytes_per_token=mi["bytes_on_disk"] / len(tokens))
