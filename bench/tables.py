@@ -465,19 +465,22 @@ def table_memory_needle_blocks(r: Path) -> str:
 
 
 def table_memory_cost(r: Path) -> str:
-    """Reading speed, question time, cache, peak RSS and disk of essay streams, bounded Λ vs the memory, with the
-    memory's ratios to the bounded stream (reading speed, peak RSS)."""
+    """Reading speed, question time, answer speed, cache, peak RSS and disk of essay streams, bounded Λ vs the
+    memory, with the memory's ratios to the bounded stream (reading speed, peak RSS); answer speed where measured."""
     d = load("memory_cost.json", r)
     rows = []
     for run in d["runs"]:
         for name, e in run["configs"].items():
             mem = e.get("memory")
             rows.append([f"{k(run['tokens'])}, W = {run['window']}", run["threads"], MEMORY_LABELS.get(name, name),
-                         f(e["read_tok_s"], 1), f(e["question_s"], 3), e["n_ctx"], f(e["peak_rss_bytes"] / MIB, 0),
+                         f(e["read_tok_s"], 1), f(e["question_s"], 3),
+                         f(e["answer_tok_s"], 1) if "answer_tok_s" in e else DASH, e["n_ctx"],
+                         f(e["peak_rss_bytes"] / MIB, 0),
                          f(e["disk_bytes_per_token"], 0) if mem else DASH,
                          f(mem["bytes_in_ram"] / MIB, 1) if mem else DASH,
                          f"{run['read_speed_ratio']:.2f}× / {run['peak_rss_ratio']:.2f}×" if mem else DASH])
-    return md(["tokens", "threads", "configuration", "read tok/s", "question s", "KV cells", "peak RSS MiB", "disk bytes/token",
+    return md(["tokens", "threads", "configuration", "read tok/s", "question s", "answer tok/s", "KV cells",
+               "peak RSS MiB", "disk bytes/token",
                "memory RAM MiB", "speed / RSS vs Λ"], rows)
 
 

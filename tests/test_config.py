@@ -138,8 +138,8 @@ def test_one_rule_for_the_default_attention_of_every_command(info):
 
 
 def test_memory_configurations_name_their_blocks(info, capsys):
-    """"lambda+memory" selects the default m (run's and serve's too); "lambda+memory:m=N" another, with a cache
-    m*B cells larger per block added; a malformed m is named, and nll refuses every memory configuration."""
+    """"lambda+memory" selects the default m (run's and serve's too); "lambda+memory:m=N" another, with the same
+    cache (the selected blocks are in the graph, patch 0023); a malformed m is named, and nll refuses every memory configuration."""
     from llama_extrapolate import cli
     from llama_extrapolate.config import DEFAULT_MEMORY_BLOCK, DEFAULT_MEMORY_BLOCKS
     from llama_extrapolate.evaluate import memory_blocks_of, memory_config_name, setup_for
@@ -149,7 +149,7 @@ def test_memory_configurations_name_their_blocks(info, capsys):
     more = setup_for("lambda+memory:m=64", info, 20_000, 512, window=1024)
     assert default.attention.memory_blocks == DEFAULT_MEMORY_BLOCKS
     assert base.attention.memory_blocks == 16 and more.attention.memory_blocks == 64
-    assert more.n_ctx - base.n_ctx == (64 - 16) * DEFAULT_MEMORY_BLOCK
+    assert more.n_ctx == base.n_ctx == 10 + 1024 + 512 + DEFAULT_MEMORY_BLOCK
     assert memory_config_name("lambda+memory") == f"lambda+memory:m={DEFAULT_MEMORY_BLOCKS}"
     assert memory_config_name("lambda+memory:m=16") == "lambda+memory:m=16" and memory_config_name("lambda") == "lambda"
     assert base.top_k_question and more.top_k_question and more.memory_capacity == base.memory_capacity

@@ -68,7 +68,7 @@ def chat(server, content: str, max_tokens: int = 16, stream: bool = False, cache
 
 def test_command_line_carries_the_settings(binary):
     """What `serve --llama_server` runs: the attention as metadata, the cache sized for it, one slot."""
-    from llama_extrapolate.config import DEFAULT_MEMORY_BLOCKS
+    from llama_extrapolate.config import DEFAULT_MEMORY_BLOCKS  # noqa: F401 (the metadata below)
     from llama_extrapolate.server import ExtrapolateSettings, llama_server_args
 
     args = llama_server_args(ExtrapolateSettings(window=WINDOW, memory_capacity=CAPACITY, n_threads=2))
@@ -77,8 +77,9 @@ def test_command_line_carries_the_settings(binary):
                  "llama.attention.lambda.rollback=int:256", "-np 1", f"--memory-capacity {CAPACITY}",
                  "--question-tokens 128"):
         assert part in joined, (part, joined)
-    # the bounded cache (sinks, window, rollback, ubatch, the memory's region and edge block), not the document
-    assert int(args[args.index("-c") + 1]) == 10 + WINDOW + 256 + 512 + (DEFAULT_MEMORY_BLOCKS + 1) * 64 < CAPACITY
+    # the bounded cache (sinks, window, rollback, ubatch, the block at the window's edge), not the document; the
+    # memory's selected blocks are in the graph (patch 0023)
+    assert int(args[args.index("-c") + 1]) == 10 + WINDOW + 256 + 512 + 64 < CAPACITY
     with pytest.raises(ValueError, match="sinks=500 > window=100"):
         llama_server_args(ExtrapolateSettings(window=100, sinks=500))
 

