@@ -30,14 +30,14 @@ DEFAULT_ROLLBACK = 256
 # LM-Infinite's choice for Llama-2 (Appendix A.3, picked on held-out passkey retrieval): k = 5 keys from layer 5 on
 DEFAULT_TOP_K_LAYER = 5
 TOP_K_SCOPES = ("all", "question")
-# the document memory: blocks of 64 tokens, 16 selected per KV head (docs/document-memory-study.md: Quest's bound at
-# B = 64 finds 0.87 of the exhaustive top-5 keys with m = 16), stored as q8_0
+# the document memory: blocks of 64 tokens (docs/document-memory-study.md: Quest's bound at B = 64 finds 0.87 of the
+# exhaustive top-5 keys with m = 16 blocks per KV head), stored as q8_0
 DEFAULT_MEMORY_BLOCK = 64
-# blocks each KV head selects where `run`, `serve` and the benchmarks switch the memory on by default. 64 finds more
-# needles in essays (SmolLM2, W = 1024, 2 trials x 5 depths: 8/10 at 8k and 6/10 at 16k, 16 blocks 2/10 and 1/10)
-# but is not the default yet: peak RSS 1.29x the bounded stream at 128k (16: 1.12x), and llama-server's answer
-# differed from the Python library's with it (tests/test_llama_server.py, not understood yet; docs/results.md)
-DEFAULT_MEMORY_BLOCKS = 16
+# blocks each KV head selects where `run`, `serve` and the benchmarks switch the memory on by default: 64 finds more
+# needles in essays than 16 (SmolLM2, W = 1024, 2 trials x 5 depths: 8/10 at 8k and 6/10 at 16k against 2/10 and
+# 1/10) and as many pass keys; since patch 0023 the selected blocks take no cells of the cache (peak RSS at 16k,
+# W = 8192: 1.03x the bounded stream; docs/results.md)
+DEFAULT_MEMORY_BLOCKS = 64
 MEMORY_TYPES = {"q8_0": 8, "q4_0": 2, "f16": 1, "f32": 0}  # name -> enum ggml_type
 # the position encodings the document memory scores its keys through, at a bounded distance
 MEMORY_POSITION_ENCODINGS = ("rope", "alibi")
