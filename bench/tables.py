@@ -472,7 +472,8 @@ def table_memory_cost(r: Path) -> str:
     for run in d["runs"]:
         for name, e in run["configs"].items():
             mem = e.get("memory")
-            rows.append([f"{k(run['tokens'])}, W = {run['window']}", run["threads"], MEMORY_LABELS.get(name, name),
+            label = MEMORY_LABELS.get(name, name) + (" (an earlier run's)" if e.get("measured_earlier") else "")
+            rows.append([f"{k(run['tokens'])}, W = {run['window']}", run["threads"], label,
                          f(e["read_tok_s"], 1), f(e["question_s"], 3),
                          f(e["answer_tok_s"], 1) if "answer_tok_s" in e else DASH, e["n_ctx"],
                          f(e["peak_rss_bytes"] / MIB, 0),

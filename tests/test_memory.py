@@ -519,6 +519,7 @@ def test_every_query_scope_selects_per_ubatch(tiny):
 def test_run_with_the_memory_on_a_short_document(tiny, tmp_path, capsys):
     """A document shorter than the memory's blocks: run still opens it (sized for its blocks) and answers."""
     from llama_extrapolate import cli
+    from llama_extrapolate.config import DEFAULT_MEMORY_BLOCKS
 
     _, path, _ = tiny
     doc = tmp_path / "doc.txt"
@@ -527,7 +528,7 @@ def test_run_with_the_memory_on_a_short_document(tiny, tmp_path, capsys):
                    "--sinks", "4", "--max-tokens", "4", "--n-batch", "32", "--no-chat"])
     err = capsys.readouterr().err
     assert rc == 0, err
-    assert "blocks of 64" in err and "16 selected per head" in err
+    assert "blocks of 64" in err and f"{DEFAULT_MEMORY_BLOCKS} selected per head" in err
 
 
 def test_a_state_holds_the_memory_and_the_stream_goes_on_the_same(tiny):

@@ -1,0 +1,114 @@
+"""Does the question select the needle's block? By length and m, on the memory benchmark's needle prompts.
+
+Each prompt (the seeds of needle_top_k.py) is read with the memory (W = 1024, question scope), asked with the
+top-5 keys and answered greedily; after the question and after every answer step each (layer >= h0, KV head)
+pair's selection (``Llama.memory_selection``) is searched for the block(s) holding the needle's digits. One JSON
+line per prompt and m: the answer, how many pairs selected a needle block at each step, and the needle block's
+rank in each selecting pair's (score-ordered) selection for the question.
+
+    python bench/memory_study/needle_selection.py --lengths 8192,16384,32768 --depths 0 --ms 64,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from llama_extrapolate import tasks
+from llama_extrapolate.cli import _model_path
+from llama_extrapolate.corpora import paul_graham_essays
+from llama_extrapolate.evaluate import MEMORY_CONFIG, setup_for
+from llama_extrapolate.llama import Llama
+from llama_extrapolate.model_info import read_model_info
+from llama_extrapolate.native import load_tokenizer
+
+WINDOW, N_NEW = 1024, 10
+
+
+def needle_blocks(prompt: tasks.Prompt, key_tokens, sinks: int, block: int):
+    """The token span of the needle's digits (its last occurrence before the question) and the blocks holding it."""
+    for kt in (key_tokens, key_tokens[1:]):  # a leading-space token may differ
+        starts = [i for i in range(prompt.question_start - len(kt)) if prompt.tokens[i:i + len(kt)] == kt]
+        if starts:
+            span = (starts[-1], starts[-1] + len(kt))
+            return span, sorted({(t - sinks) // block for t in range(*span)})
+    return None, []
+
+
+def selected(llm: Llama, layers, blocks):
+    """Per (layer, KV head): the ranks of the needle's blocks in its selection (empty if none was selected)."""
+    out = {}
+    for il in layers:
+        sel = llm.memory_selection(il)
+        for g in range(sel.shape[0]):
+            out[f"{il}.{g}"] = [int(np.flatnonzero(sel[g] == b)[0]) for b in blocks if (sel[g] == b).any()]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model")
+    ap.add_argument("--lengths", default="8192")
+    ap.add_argument("--depths", default="0")
+    ap.add_argument("--ms", default="64", help="comma-separated m (blocks each KV head selects)")
+    ap.add_argument("--trial", type=int, default=0)
+    ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("-o", "--output", default=str(Path(__file__).with_name("needle_selection.jsonl")))
+    args = ap.parse_args(argv)
+
+    model = _model_path(args)
+    info = read_model_info(model)
+    vocab = load_tokenizer(model)
+    tok = lambda t, bos: vocab.tokenize(t.encode(), add_bos=bos)  # noqa: E731
+    haystack = paul_graham_essays()
+    for length in (int(x) for x in args.lengths.split(",")):
+        for depth in (float(x) for x in args.depths.split(",")):
+            rng = np.random.default_rng([0, length, int(round(depth * 1000)), args.trial])
+            prompt = tasks.needle_prompt(tok, haystack, length, depth, rng, 0)
+            for m in (int(x) for x in args.ms.split(",")):
+                setup = setup_for(f"{MEMORY_CONFIG}:m={m}", info, len(prompt.tokens) + 16, 512, window=WINDOW)
+                att = setup.attention
+                span, blocks = needle_blocks(prompt, tok(prompt.key, False), att.sinks, att.memory_block_size)
+                layers = range(att.top_k_layer, info.block_count)
+                llm = Llama(model, attention=att, n_ctx=setup.n_ctx, n_batch=512, n_ubatch=512,
+                            n_threads=args.threads, verbose=False, **setup.llama_kwargs())
+                stream = tasks.Stream(llm, 512, None)
+                try:
+                    t0 = time.perf_counter()
+                    stream.reset()
+                    llm.set_top_k_active(False)
+                    stream.feed(prompt.tokens[:prompt.question_start])
+                    read_s = time.perf_counter() - t0
+                    llm.set_top_k(args.top_k)
+                    llm.set_top_k_active(True)
+                    logits = stream.feed(prompt.tokens[prompt.question_start:])
+                    steps, answer = [selected(llm, layers, blocks)], []
+                    for _ in range(N_NEW):
+                        t = int(np.argmax(logits))
+                        if t == llm.token_eos():
+                            break
+                        answer.append(t)
+                        logits = stream.feed([t])
+                        steps.append(selected(llm, layers, blocks))
+                    text = llm.detokenize(answer).decode(errors="replace").strip()
+                finally:
+                    stream.close()
+                    llm.close()
+                row = dict(length=length, depth=depth, trial=args.trial, m=m, top_k=args.top_k, key=prompt.key,
+                           answer=text, found=tasks.first_number(text) == prompt.key, span=span,
+                           needle_blocks=blocks, n_pairs=len(steps[0]), read_s=round(read_s),
+                           selected_per_step=[sum(1 for v in s.values() if v) for s in steps],
+                           question_ranks=sorted(min(v) for v in steps[0].values() if v))
+                print(json.dumps(row), flush=True)
+                with open(args.output, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
