@@ -464,6 +464,21 @@ def table_memory_needle_blocks(r: Path) -> str:
     return md(["model", "length", "m (blocks per KV head)"] + [f"depth {d:g}" for d in depths] + ["found"], rows)
 
 
+def table_memory_needle_selection(r: Path) -> str:
+    """Whether the question selects the needle's block (bench/memory_study/needle_selection.py, one JSON line per
+    prompt and m): the (layer, KV head) pairs holding it after the question and over the answer's steps."""
+    rows_in = [json.loads(line) for line in (r / "memory_needle_selection.jsonl").read_text().splitlines() if line]
+    rows = []
+    for x in sorted(rows_in, key=lambda x: (x["length"], x["depth"], x["trial"], x["m"])):
+        steps = x["selected_per_step"]
+        answer = " ".join(x["answer"].split())
+        rows.append([k(x["length"]), f"{x['depth']:g}", x["m"], f"{steps[0]} of {x['n_pairs']}",
+                     f"{min(steps[1:])}–{max(steps[1:])}" if len(steps) > 1 else DASH,
+                     f'"{answer}"' + (" (found)" if x["found"] else "")])
+    return md(["length", "depth", "m", "pairs selecting the needle's block (question)", "(answer steps)", "answer"],
+              rows)
+
+
 def table_memory_cost(r: Path) -> str:
     """Reading speed, question time, answer speed, cache, peak RSS and disk of essay streams, bounded Λ vs the
     memory, with the memory's ratios to the bounded stream (reading speed, peak RSS); answer speed where measured."""
@@ -522,6 +537,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-qwen": table_memory_qwen,
     "memory-needle-qwen": table_memory_needle_qwen,
     "memory-needle-blocks": table_memory_needle_blocks,
+    "memory-needle-selection": table_memory_needle_selection,
     "memory-cost": table_memory_cost,
     "server-ttft": table_server_ttft,
 }
@@ -533,7 +549,7 @@ AREAS: Dict[str, List[str]] = {
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
     "receptive-fields": ["trf", "erf"],
     "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-needle-blocks",
-               "memory-cost"],
+               "memory-needle-selection", "memory-cost"],
     "server": ["server-ttft"],
 }
 

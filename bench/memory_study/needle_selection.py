@@ -27,6 +27,7 @@ from llama_extrapolate.model_info import read_model_info
 from llama_extrapolate.native import load_tokenizer
 
 WINDOW, N_NEW = 1024, 10
+RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
 def needle_blocks(prompt: tasks.Prompt, key_tokens, sinks: int, block: int):
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trial", type=int, default=0)
     ap.add_argument("--top-k", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("-o", "--output", default=str(Path(__file__).with_name("needle_selection.jsonl")))
+    ap.add_argument("-o", "--output", default=str(RESULTS / "memory_needle_selection.jsonl"))
     args = ap.parse_args(argv)
 
     model = _model_path(args)
