@@ -1,0 +1,89 @@
+"""What the memory's peak RSS is made of: anonymous vs file-backed (the mapped store) resident memory by phase.
+
+An essay stream is read with the memory (question scope), then a question and greedy answer tokens are decoded;
+after the reading, the question and every answer token /proc/self/status gives RssAnon, RssFile and the peak
+(VmHWM). One JSON object per run, appended to bench/results/memory_rss_phases.jsonl.
+
+    python bench/memory_study/rss_phases.py --tokens 65536 --window 8192 --memory-blocks 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+import llama_extrapolate as le
+from llama_extrapolate import native
+from llama_extrapolate.corpora import paul_graham_essays
+from llama_extrapolate.default_model import default_model_path
+from llama_extrapolate.evaluate import setup_for
+from llama_extrapolate.resources import peak_rss_reset
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+MIB = 1 << 20
+
+
+def status() -> dict:
+    """RssAnon, RssFile and VmHWM of this process, in MiB."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key = line.split(":")[0]
+            if key in ("RssAnon", "RssFile", "VmHWM"):
+                out[key] = round(int(line.split()[1]) * 1024 / MIB, 1)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=65536)
+    ap.add_argument("--window", type=int, default=8192)
+    ap.add_argument("--memory-blocks", type=int, default=64)
+    ap.add_argument("--answer-tokens", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("-o", "--output", default=str(RESULTS / "memory_rss_phases.jsonl"))
+    args = ap.parse_args(argv)
+
+    model = str(default_model_path())
+    info = le.read_model_info(model)
+    vocab = native.load_tokenizer(model)
+    tokens = vocab.tokenize(paul_graham_essays().encode("utf-8"), add_bos=True)[:args.tokens]
+    question = vocab.tokenize(b"\nWhat is the first sentence of the text above?", add_bos=False)
+    vocab.close()
+    name = f"lambda+memory:m={args.memory_blocks}"
+    st = setup_for(name, info, len(tokens) + len(question) + args.answer_tokens + 16, 512, window=args.window)
+    peak_rss_reset()
+    llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads,
+                   verbose=False, **st.llama_kwargs())
+    try:
+        phases = {"loaded": status()}
+        t0 = time.perf_counter()
+        for i in tqdm(range(0, len(tokens), 4096), desc="reading", unit="chunk"):
+            llm.eval(tokens[i:i + 4096])
+        read_s = time.perf_counter() - t0
+        phases["read"] = status()
+        llm.set_top_k_active(True)
+        llm.eval(question)
+        phases["question"] = status()
+        steps = []
+        for _ in range(args.answer_tokens):
+            llm.eval([int(np.argmax(native.last_logits(native.context_address(llm), llm.n_vocab())))])
+            steps.append(status())
+        phases["answer"] = steps
+        row = dict(tokens=len(tokens), window=args.window, memory_blocks=args.memory_blocks, threads=args.threads,
+                   read_s=round(read_s, 1), memory=llm.memory_info(), phases=phases)
+    finally:
+        llm.close()
+    print(json.dumps(row))
+    with open(args.output, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
