@@ -55,7 +55,7 @@ def run_cost(args) -> None:
     from llama_extrapolate import native
     from llama_extrapolate.corpora import paul_graham_essays
     from llama_extrapolate.default_model import default_model_path
-    from llama_extrapolate.evaluate import MEMORY_CONFIG, memory_blocks_of, memory_config_name, setup_for
+    from llama_extrapolate.evaluate import MEMORY_CONFIG, memory_config_name, memory_settings_of, setup_for
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
     import numpy as np
     from tqdm import tqdm
@@ -68,9 +68,13 @@ def run_cost(args) -> None:
     vocab.close()
     if len(tokens) < args.tokens:
         raise SystemExit(f"--tokens {args.tokens}: the essays have only {len(tokens)} tokens")
-    memory_name = memory_config_name(MEMORY_CONFIG + (f":m={args.memory_blocks}" if args.memory_blocks else ""))
-    m = memory_blocks_of(memory_name)
-    out = {"tokens": len(tokens), "window": args.window, "threads": args.threads, "memory_blocks": m, "configs": {}}
+    if args.memory_candidates is not None and not args.memory_blocks:
+        raise SystemExit("--memory-candidates needs --memory-blocks (the m they are chosen for)")
+    memory_name = memory_config_name(MEMORY_CONFIG + (f":m={args.memory_blocks}" if args.memory_blocks else "")
+                                     + (f":c={args.memory_candidates}" if args.memory_candidates is not None else ""))
+    m, c = memory_settings_of(memory_name)
+    out = {"tokens": len(tokens), "window": args.window, "threads": args.threads, "memory_blocks": m,
+           "memory_candidates": c, "configs": {}}
     path = RESULTS / "memory_cost.json"
     runs = json.loads(path.read_text())["runs"] if path.exists() else []
     names = ["lambda", memory_name]
@@ -117,9 +121,10 @@ def run_cost(args) -> None:
     lam, mem = out["configs"]["lambda"], out["configs"][memory_name]
     out["read_speed_ratio"] = mem["read_tok_s"] / lam["read_tok_s"]
     out["peak_rss_ratio"] = mem["peak_rss_bytes"] / lam["peak_rss_bytes"]
-    # one entry per length, window and m (entries from before m was a choice have the default's 16)
+    # one entry per length, window, m and c (entries from before m was a choice have the default's 16, from before
+    # the candidates none)
     def key(run):
-        return run["window"], run["tokens"], run.get("memory_blocks", 16)
+        return run["window"], run["tokens"], run.get("memory_blocks", 16), run.get("memory_candidates", 0)
 
     runs = [r for r in runs if key(r) != key(out)] + [out]
     path.write_text(json.dumps({"runs": sorted(runs, key=key)}, indent=1))
@@ -146,6 +151,8 @@ def main(argv=None) -> int:
     c.add_argument("--n-batch", type=int, default=512)
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--memory-blocks", type=int, help="m, the blocks each KV head selects (default: the library's)")
+    c.add_argument("--memory-candidates", type=int,
+                   help="c, the blocks the bound proposes for the exact rerank (default: the library's 4m; 0: none)")
     c.add_argument("--lambda-from-earlier", action="store_true",
                    help="take the bounded stream's figures from the latest earlier run at this length, window and "
                         "thread count instead of reading it again (half the time at 128k)")

@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parent.parent
 MIB = 2 ** 20
 DASH = "—"
 
@@ -413,11 +414,14 @@ def table_upstream(r: Path) -> str:
 # --- document memory (bench/memory.py) ----------------------------------------------------------------------
 
 class MemoryLabels(dict):
-    """The row names of the memory benchmarks; "lambda+memory:m=N" says its m."""
+    """The row names of the memory benchmarks; "lambda+memory:m=N[:c=C]" says its m and its candidates (none in
+    results from before patch 0027)."""
 
     def get(self, name, default=None):
         if name.startswith("lambda+memory:m="):
-            return f"Λ + memory (m = {name.split('=', 1)[1]}, B = 64, k = 5)"
+            m, _, c = name[len("lambda+memory:m="):].partition(":c=")
+            rerank = f", {c} candidates" if c not in ("", "0") else ", bound only"
+            return f"Λ + memory (m = {m}{rerank}, B = 64, k = 5)"
         return super().get(name, default)
 
 
@@ -577,12 +581,40 @@ def expand(names: List[str]) -> List[str]:
     return list(dict.fromkeys(out))
 
 
+UPDATED_DOCS = (ROOT / "README.md", ROOT / "docs" / "results.md")
+
+
+def update_doc(doc: Path, results: Path) -> None:
+    """Each table after a marker replaced by what this script prints now (the table is the marker's following run
+    of lines that start with "|")."""
+    lines = doc.read_text().split("\n")
+    out, i = [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        name = lines[i].removeprefix("<!-- bench/tables.py ").removesuffix(" -->")
+        i += 1
+        if lines[i - 1].startswith("<!-- bench/tables.py ") and name in TABLES:
+            while i < len(lines) and lines[i].startswith("|"):
+                i += 1
+            out.extend(render(name, results).split("\n"))
+    text = "\n".join(out)
+    if text != doc.read_text():
+        doc.write_text(text)
+        print(f"updated {doc.relative_to(ROOT)}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("names", nargs="*", default=["all"], help="tables or areas (default: all)")
     p.add_argument("--list", action="store_true", help="list the areas and tables")
     p.add_argument("--results", default=str(RESULTS), help="directory of the JSON (default: bench/results)")
+    p.add_argument("--update", action="store_true",
+                   help="rewrite the marked tables of README.md and docs/ in place (after new results)")
     args = p.parse_args(argv)
+    if args.update:
+        for doc in UPDATED_DOCS:
+            update_doc(doc, Path(args.results))
+        return 0
     if args.list:
         for area, names in AREAS.items():
             print(f"{area}: {' '.join(names)}")

@@ -126,6 +126,7 @@ py::dict model_attention(std::uintptr_t model_address) {
     d["n_top_k_distance"]       = p.n_top_k_distance;
     d["n_memory_blocks"]        = p.n_memory_blocks;
     d["n_memory_block_size"]    = p.n_memory_block_size;
+    d["n_memory_candidates"]    = p.n_memory_candidates;
     return d;
 }
 

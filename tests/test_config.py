@@ -139,9 +139,10 @@ def test_one_rule_for_the_default_attention_of_every_command(info):
 
 def test_memory_configurations_name_their_blocks(info, capsys):
     """"lambda+memory" selects the default m (run's and serve's too); "lambda+memory:m=N" another, with the same
-    cache (the selected blocks are in the graph, patch 0023); a malformed m is named, and nll refuses every memory configuration."""
+    cache (the selected blocks are in the graph, patch 0023), "lambda+memory:m=N:c=C" with C candidates (by default
+    4m, patch 0027); a malformed m or c is named, and nll refuses every memory configuration."""
     from llama_extrapolate import cli
-    from llama_extrapolate.config import DEFAULT_MEMORY_BLOCK, DEFAULT_MEMORY_BLOCKS
+    from llama_extrapolate.config import DEFAULT_MEMORY_BLOCK, DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
     from llama_extrapolate.evaluate import memory_blocks_of, memory_config_name, setup_for
 
     default = setup_for("lambda+memory", info, 20_000, 512, window=1024)
@@ -150,8 +151,16 @@ def test_memory_configurations_name_their_blocks(info, capsys):
     assert default.attention.memory_blocks == DEFAULT_MEMORY_BLOCKS
     assert base.attention.memory_blocks == 16 and more.attention.memory_blocks == 64
     assert more.n_ctx == base.n_ctx == 10 + 1024 + 512 + DEFAULT_MEMORY_BLOCK
-    assert memory_config_name("lambda+memory") == f"lambda+memory:m={DEFAULT_MEMORY_BLOCKS}"
-    assert memory_config_name("lambda+memory:m=16") == "lambda+memory:m=16" and memory_config_name("lambda") == "lambda"
+    c = MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS
+    assert memory_config_name("lambda+memory") == f"lambda+memory:m={DEFAULT_MEMORY_BLOCKS}:c={c}"
+    assert memory_config_name("lambda+memory:m=16") == f"lambda+memory:m=16:c={16 * MEMORY_CANDIDATES_PER_BLOCK}"
+    assert memory_config_name("lambda+memory:m=16:c=0") == "lambda+memory:m=16:c=0"
+    assert memory_config_name("lambda") == "lambda"
+    assert default.attention.resolve(info).memory_candidates == c
+    assert setup_for("lambda+memory:m=16:c=0", info, 20_000, 512).attention.resolve(info).memory_candidates == 0
+    for bad in ("lambda+memory:m=16:c=16", "lambda+memory:m=16:c=x"):
+        with pytest.raises(ValueError, match=r"c must be 0 \(the bound selects\) or a whole number > m"):
+            setup_for(bad, info, 20_000, 512)
     assert base.top_k_question and more.top_k_question and more.memory_capacity == base.memory_capacity
     assert memory_blocks_of("lambda") is None and memory_blocks_of("lambda+memoryx") is None
     for bad in ("lambda+memory:m=0", "lambda+memory:m=x", "lambda+memory:m="):

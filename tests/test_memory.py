@@ -37,7 +37,7 @@ def memory_config(**kw):
     from llama_extrapolate import AttentionConfig
 
     args = dict(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0, top_k_distance=D, top_k_scope="question",
-                memory_blocks=M, memory_block_size=B)
+                memory_blocks=M, memory_block_size=B, memory_candidates=0)
     args.update(kw)
     return AttentionConfig(**args)
 
@@ -254,19 +254,33 @@ def assert_top_m(bound, chosen, where, neighbour=False):
     assert low >= score[rest].max() - 1e-3 * abs(low), (where, score, chosen)
 
 
-def check_selection(model, tokens, sel, stored, neighbour=False):
-    """The library's blocks against the bound of every block computed in numpy (the oracle's queries at D, the
-    stored keys' F16 summaries), among the blocks hidden from the question's first query."""
+N_SELECTABLE = (QUESTION - S - W + 1) // B  # blocks hidden from the question's first query
+
+
+def question_queries(model, tokens):
+    """Per layer >= h0 and KV head: the oracle's queries of the question at distance D from a key at 0, those of
+    the group's heads together [n_question*group, head_dim] (float64)."""
     cap = {}
     forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C), capture=cap)
-    n_sel = (QUESTION - S - W + 1) // B  # blocks hidden from the question's first query
     group = model.n_head // model.n_head_kv
+    out = {}
     for il in range(H0, model.n_layer):
         q, _, _ = cap[il]
         qd = rotate(q[QUESTION:], rope_angles(np.full(N_TOKENS - QUESTION, D), model.head_dim, model.rope_base)[:, None, :],
                     model.neox)
         for g in range(model.n_head_kv):
-            qg = qd[:, g * group:(g + 1) * group].reshape(-1, model.head_dim)
+            out[(il, g)] = qd[:, g * group:(g + 1) * group].reshape(-1, model.head_dim)
+    return out
+
+
+def check_selection(model, tokens, sel, stored, neighbour=False):
+    """The library's blocks against the bound of every block computed in numpy (the oracle's queries at D, the
+    stored keys' F16 summaries), among the blocks hidden from the question's first query."""
+    queries = question_queries(model, tokens)
+    n_sel = N_SELECTABLE
+    for il in range(H0, model.n_layer):
+        for g in range(model.n_head_kv):
+            qg = queries[(il, g)]
             bound = []
             for b in range(n_sel):
                 k, _ = stored[(b, il, g)]
@@ -281,6 +295,46 @@ def test_selection_equals_an_exhaustive_bound(tiny, asked):
     model, _, tokens = tiny
     _, sel, info, stored = asked
     check_selection(model, tokens, sel, stored)
+
+
+@pytest.mark.parametrize("candidates", [4, 8])
+def test_candidates_are_reranked_by_their_exact_scores(tiny, candidates):
+    """With c candidates (patch 0027) the bound proposes the c selectable blocks with the largest bounds and the m of
+    them with the largest exact q.k (max over the question's queries and the group's heads) are selected: checked
+    against numpy's bound and exact products for every block (stored keys, the oracle's queries at D). c = 8 is more
+    than the 6 selectable blocks: all are reranked and no block the question may not see comes in. The rerank
+    changes some selection here, and the logits equal the oracle's given the selection."""
+    model, path, tokens = tiny
+    llm = make_llm(path, memory_config(memory_candidates=candidates))
+    try:
+        got = read_and_ask(llm, tokens)
+        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
+        stored = {(b, il, g): _read(llm, b, il, g) for b in range(N_SELECTABLE) for il in range(H0, model.n_layer)
+                  for g in range(model.n_head_kv)}
+    finally:
+        llm.close()
+    queries = question_queries(model, tokens)
+    changed = 0
+    for (il, g), qg in queries.items():
+        bound, exact = np.empty(N_SELECTABLE), np.empty(N_SELECTABLE)
+        for b in range(N_SELECTABLE):
+            k, _ = stored[(b, il, g)]
+            center, radius = f16_summary(k)
+            bound[b] = (qg @ center + np.abs(qg) @ radius).max()
+            exact[b] = (qg @ k.T.astype(np.float64)).max()
+        order = np.argsort(-bound, kind="stable")
+        if candidates < N_SELECTABLE:  # the candidates are well defined
+            assert bound[order[candidates - 1]] - bound[order[candidates]] > 1e-3 * abs(bound[order[candidates - 1]])
+        score = np.full(N_SELECTABLE, -np.inf)
+        score[order[:candidates]] = exact[order[:candidates]]
+        assert_top_m(score, sel[il][g], (il, g))
+        changed += set(sel[il][g].tolist()) != set(order[:M].tolist())
+    assert changed > 0, "the exact scores must change some selection for the test to tell reranking from none"
+    ref = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0,
+                                              top_k_distance=D, top_k_from=QUESTION, memory_blocks=sel,
+                                              memory_block=B))
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"max |llama.cpp - oracle| = {err}"
 
 
 @pytest.fixture(scope="module")
@@ -411,10 +465,26 @@ def test_fewer_blocks_than_m_are_all_selected(tiny):
 @pytest.mark.parametrize("kw, words", [
     (dict(memory_blocks=2, top_k=0), "top_k=0"),
     (dict(memory_block_size=48), "multiple of 32"),
+    (dict(memory_candidates=M), f"memory_candidates={M} <= memory_blocks={M}"),
+    (dict(memory_blocks=0, memory_candidates=8), "memory_candidates=8 with memory_blocks=0"),
 ])
 def test_bad_memory_settings_are_named(kw, words):
     with pytest.raises(ValueError, match=words):
         memory_config(**kw)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"llama.attention.lambda.memory_candidates": 2},  # no memory
+    {"llama.attention.lambda.memory_blocks": 2, "llama.attention.lambda.memory_candidates": 2},  # not more than m
+])
+def test_library_refuses_bad_memory_metadata_without_crashing(tiny, overrides):
+    """Through plain llama_cpp (no Python checks) the model loader refuses: an exception, not a crash."""
+    import llama_cpp
+
+    _, path, _ = tiny
+    base = {"llama.attention.lambda.window": W, "llama.attention.lambda.top_k": K}
+    with pytest.raises(ValueError, match="Failed to load model"):
+        llama_cpp.Llama(str(path), n_ctx=256, verbose=False, kv_overrides={**base, **overrides})
 
 
 def test_bad_store_settings_are_named(tiny, tmp_path):

@@ -173,6 +173,8 @@ def _attention_from_args(args: argparse.Namespace, info):
                          top_k_distance=args.top_k_distance, top_k_scope="question")
         if getattr(args, "memory_block_size", None):
             overrides.update(memory_block_size=args.memory_block_size)
+        if getattr(args, "memory_candidates", None) is not None:
+            overrides.update(memory_candidates=args.memory_candidates)
     elif getattr(args, "top_k", None):
         # the document is read with the Lambda mask, the question and the answer add the middle keys
         overrides.update(top_k=args.top_k, top_k_layer=args.top_k_layer, top_k_distance=args.top_k_distance,
@@ -434,7 +436,7 @@ def _shared_options() -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import DEFAULT_MEMORY_BLOCKS
+    from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
 
     parser = argparse.ArgumentParser(
         prog="llama-extrapolate",
@@ -473,6 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(64 found 8 of 10 needles at 8k where 16 found 2) at more compute per answer token, not "
                         "more RAM (docs/results.md)")
     r.add_argument("--memory-block-size", type=int, help="tokens per block (default 64)")
+    r.add_argument("--memory-candidates", type=int,
+                   help=f"blocks Quest's bound proposes to each head, of which the M with the largest exact q.k are "
+                        f"selected (default {MEMORY_CANDIDATES_PER_BLOCK}*M; 0: the bound selects them)")
     r.add_argument("--memory-file", help="the memory's file (default: an anonymous temporary file)")
     r.add_argument("--keep-memory", action="store_true", help="keep --memory-file after the run")
     r.add_argument("--memory-type", choices=["q8_0", "q4_0", "f16", "f32"],

@@ -38,6 +38,11 @@ DEFAULT_MEMORY_BLOCK = 64
 # 1/10) and as many pass keys; since patch 0023 the selected blocks take no cells of the cache (peak RSS at 16k,
 # W = 8192: 1.03x the bounded stream; docs/results.md)
 DEFAULT_MEMORY_BLOCKS = 64
+# the bound proposes this many times m blocks, of which the m with the largest exact q.k are selected (patch 0027):
+# the bound alone lets blocks of scattered keys crowd the needle's block out as the document grows (the needle's
+# block selected by 63 and 53 of 75 layer/KV-head pairs at 16k and 32k tokens with m = 64, and both answers lost;
+# reranking 4m candidates: 73 and 64 pairs, both found; docs/results.md)
+MEMORY_CANDIDATES_PER_BLOCK = 4
 MEMORY_TYPES = {"q8_0": 8, "q4_0": 2, "f16": 1, "f32": 0}  # name -> enum ggml_type
 # the position encodings the document memory scores its keys through, at a bounded distance
 MEMORY_POSITION_ENCODINGS = ("rope", "alibi")
@@ -75,6 +80,7 @@ class ResolvedAttention:
     top_k_scope: str = "all"
     memory_blocks: int = 0  # document memory: blocks each KV head selects (0 = off)
     memory_block_size: int = DEFAULT_MEMORY_BLOCK
+    memory_candidates: int = 0  # blocks the bound proposes, of which the exact q.k selects m (0 = the bound selects)
 
     @property
     def memory(self) -> bool:
@@ -120,6 +126,7 @@ class ResolvedAttention:
         if self.memory_blocks > 0:
             out[f"{a}.lambda.memory_blocks"] = int(self.memory_blocks)
             out[f"{a}.lambda.memory_block_size"] = int(self.memory_block_size)
+            out[f"{a}.lambda.memory_candidates"] = int(self.memory_candidates)
         if temperature:
             out[f"{a}.softmax_temperature.log_length"] = int(self.log_length)
             uniform = self.temperature.flat[0]
@@ -199,10 +206,19 @@ class AttentionConfig:
     top_k_scope: str = "all"
     memory_blocks: int = 0
     memory_block_size: int = DEFAULT_MEMORY_BLOCK
+    memory_candidates: Optional[int] = None  # None: MEMORY_CANDIDATES_PER_BLOCK * memory_blocks; 0: the bound selects
 
     def __post_init__(self) -> None:
         _check_count("memory_blocks", self.memory_blocks, allow_none=False)
         _check_count("memory_block_size", self.memory_block_size, allow_none=False)
+        _check_count("memory_candidates", self.memory_candidates)
+        if self.memory_candidates and self.memory_blocks == 0:
+            raise ValueError(f"memory_candidates={self.memory_candidates} with memory_blocks=0: the candidates are "
+                             "blocks of the document memory; set memory_blocks (e.g. 64) or drop memory_candidates")
+        if self.memory_candidates and self.memory_candidates <= self.memory_blocks:
+            raise ValueError(f"memory_candidates={self.memory_candidates} <= memory_blocks={self.memory_blocks}: the "
+                             f"m selected blocks are chosen among the candidates, so use more (e.g. "
+                             f"{MEMORY_CANDIDATES_PER_BLOCK * self.memory_blocks}) or 0 to select by the bound alone")
         if self.memory_blocks > 0:
             if self.top_k == 0:
                 raise ValueError(f"memory_blocks={self.memory_blocks} with top_k=0: the memory's blocks are where the "
@@ -405,7 +421,8 @@ class AttentionConfig:
                                      points_tau=np.ascontiguousarray(points_tau, dtype=np.float32),
                                      top_k=top_k, top_k_layer=top_k_layer, top_k_distance=top_k_distance,
                                      top_k_scope=self.top_k_scope, memory_blocks=int(self.memory_blocks),
-                                     memory_block_size=int(self.memory_block_size))
+                                     memory_block_size=int(self.memory_block_size),
+                                     memory_candidates=self.resolved_memory_candidates())
         if resolved.memory and info.position_encoding not in MEMORY_POSITION_ENCODINGS:
             raise ValueError(f"memory_blocks={self.memory_blocks}: the document memory scores its keys at a bounded "
                              f"distance through RoPE or ALiBi; {info.architecture} uses {info.position_encoding}")
@@ -413,6 +430,13 @@ class AttentionConfig:
             raise ValueError(f"top_k={top_k} > memory_blocks*memory_block_size={resolved.memory_cells}: the top-k keys "
                              "are chosen among the selected blocks' keys; lower top_k or raise memory_blocks")
         return resolved
+
+    def resolved_memory_candidates(self) -> int:
+        if self.memory_blocks == 0:
+            return 0
+        if self.memory_candidates is None:
+            return MEMORY_CANDIDATES_PER_BLOCK * int(self.memory_blocks)
+        return int(self.memory_candidates)
 
 
 def _sliding_layers_at_one(tau: np.ndarray, swa_layers: Tuple[int, ...], per_layer: bool, what: str) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import llama_cpp
 import numpy as np
@@ -188,25 +188,40 @@ PROFILE_CONFIG_PREFIX = "profile="
 
 
 def memory_config_name(name: str) -> str:
-    """The name results are stored under: a memory configuration with its m ("lambda+memory" is the default's, which
-    has changed, so a stored "lambda+memory" would not say which m it ran with); any other name as it is."""
-    m = memory_blocks_of(name)
-    return name if m is None else f"{MEMORY_CONFIG}:m={m}"
+    """The name results are stored under: a memory configuration with its m and candidates c ("lambda+memory" is
+    the default's, which has changed, so a stored "lambda+memory" would not say what it ran with; results from
+    before the candidates, patch 0027, are "lambda+memory:m=N" and selected by the bound alone); any other name as
+    it is."""
+    settings = memory_settings_of(name)
+    return name if settings is None else f"{MEMORY_CONFIG}:m={settings[0]}:c={settings[1]}"
 
 
-def memory_blocks_of(name: str) -> Optional[int]:
-    """The m of a document-memory configuration name ("lambda+memory" or "lambda+memory:m=N"), None for any other."""
-    from .config import DEFAULT_MEMORY_BLOCKS
+def memory_settings_of(name: str) -> Optional[Tuple[int, int]]:
+    """(m, c) of a document-memory configuration name: "lambda+memory", "lambda+memory:m=N" or
+    "lambda+memory:m=N:c=C" (c candidates, 0 = the bound selects; by default MEMORY_CANDIDATES_PER_BLOCK * m);
+    None for any other name."""
+    from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
 
     if name == MEMORY_CONFIG:
-        return DEFAULT_MEMORY_BLOCKS
+        return DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS
     prefix = MEMORY_CONFIG + ":m="
     if not name.startswith(prefix):
         return None
-    value = name[len(prefix):]
-    if not value.isdigit() or int(value) < 1:
+    m, _, c = name[len(prefix):].partition(":c=")
+    if not m.isdigit() or int(m) < 1:
         raise ValueError(f"configuration {name!r}: m must be a whole number >= 1, as in {prefix}64")
-    return int(value)
+    if not c:
+        return int(m), MEMORY_CANDIDATES_PER_BLOCK * int(m)
+    if not c.isdigit() or (int(c) != 0 and int(c) <= int(m)):
+        raise ValueError(f"configuration {name!r}: c must be 0 (the bound selects) or a whole number > m, as in "
+                         f"{prefix}{m}:c={MEMORY_CANDIDATES_PER_BLOCK * int(m)}")
+    return int(m), int(c)
+
+
+def memory_blocks_of(name: str) -> Optional[int]:
+    """The m of a document-memory configuration name (see memory_settings_of), None for any other."""
+    settings = memory_settings_of(name)
+    return None if settings is None else settings[0]
 
 
 @dataclass
@@ -283,8 +298,8 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
         cfg = replace(lam, top_k=5, top_k_scope="question",
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, full)
-    elif (memory_blocks := memory_blocks_of(name)) is not None:
-        cfg = replace(lam, top_k=5, top_k_scope="question", memory_blocks=memory_blocks,
+    elif (memory := memory_settings_of(name)) is not None:
+        cfg = replace(lam, top_k=5, top_k_scope="question", memory_blocks=memory[0], memory_candidates=memory[1],
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, cfg.resolve(info).required_n_ctx(n_batch, stream=n_tokens),
                          memory_capacity=n_tokens + n_batch)

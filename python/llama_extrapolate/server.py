@@ -64,6 +64,9 @@ class ExtrapolateModelSettings(ModelSettings):
         f"document memory: blocks each head selects for the question (default {DEFAULT_MEMORY_BLOCKS} where the "
         "model's position encoding allows; 0: off)"))
     memory_block_size: Optional[int] = Field(default=None, ge=32, description="tokens per block (64)")
+    memory_candidates: Optional[int] = Field(default=None, ge=0, description=(
+        "blocks the bound proposes to each head, the memory_blocks with the largest exact q.k selected "
+        "(default 4 x memory_blocks; 0: the bound selects)"))
     memory_type: Optional[Literal["q8_0", "q4_0", "f16", "f32"]] = Field(
         default=None, description="how the memory stores keys and values (q8_0, f16 for heads not a multiple of 32)")
     memory_dir: Optional[str] = Field(default=None, description="directory of the memory's anonymous file "
@@ -104,7 +107,7 @@ def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
     info = read_model_info(model)
     args = argparse.Namespace(**{k: getattr(settings, k) for k in (
         "window", "sinks", "ceiling", "top_k", "top_k_layer", "top_k_distance", "memory_blocks", "memory_block_size",
-        "profile", "profile_mode")})
+        "memory_candidates", "profile", "profile_mode")})
     cli._default_memory(args, info)
     attention = cli._attention_from_args(args, info)
     resolved = attention.resolve(info)
