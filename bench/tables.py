@@ -470,16 +470,19 @@ def table_memory_needle_blocks(r: Path) -> str:
 
 def table_memory_needle_selection(r: Path) -> str:
     """Whether the question selects the needle's block (bench/memory_study/needle_selection.py, one JSON line per
-    prompt and m): the (layer, KV head) pairs holding it after the question and over the answer's steps."""
+    prompt, m and c): the (layer, KV head) pairs holding it after the question and over the answer's steps; c the
+    candidates the exact q.k reranks (0: the bound selects; lines from before patch 0027 have none)."""
     rows_in = [json.loads(line) for line in (r / "memory_needle_selection.jsonl").read_text().splitlines() if line]
     rows = []
-    for x in sorted(rows_in, key=lambda x: (x["length"], x["depth"], x["trial"], x["m"])):
+    for x in sorted(rows_in, key=lambda x: (x["length"], x["depth"], x["trial"], x["m"], x.get("candidates", 0))):
         steps = x["selected_per_step"]
         answer = " ".join(x["answer"].split())
-        rows.append([k(x["length"]), f"{x['depth']:g}", x["m"], f"{steps[0]} of {x['n_pairs']}",
+        rows.append([k(x["length"]), f"{x['depth']:g}", x["m"], x.get("candidates", 0) or DASH,
+                     f"{steps[0]} of {x['n_pairs']}",
                      f"{min(steps[1:])}–{max(steps[1:])}" if len(steps) > 1 else DASH,
                      f'"{answer}"' + (" (found)" if x["found"] else "")])
-    return md(["length", "depth", "m", "pairs selecting the needle's block (question)", "(answer steps)", "answer"],
+    return md(["length", "depth", "m", "candidates", "pairs selecting the needle's block (question)", "(answer steps)",
+               "answer"],
               rows)
 
 

@@ -6,7 +6,10 @@ pair's selection (``Llama.memory_selection``) is searched for the block(s) holdi
 line per prompt and m: the answer, how many pairs selected a needle block at each step, and the needle block's
 rank in each selecting pair's (score-ordered) selection for the question.
 
-    python bench/memory_study/needle_selection.py --lengths 8192,16384,32768 --depths 0 --ms 64,256
+    python bench/memory_study/needle_selection.py --lengths 8192,16384,32768 --depths 0 --ms 64,256 --cs 0
+    python bench/memory_study/needle_selection.py --lengths 16384,32768 --depths 0 --ms 64 --cs 256
+
+--cs: the candidates the exact q.k reranks (patch 0027; 0: the bound selects the m blocks).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="8192")
     ap.add_argument("--depths", default="0")
     ap.add_argument("--ms", default="64", help="comma-separated m (blocks each KV head selects)")
+    ap.add_argument("--cs", default="0", help="comma-separated candidates c (0 = the bound selects)")
     ap.add_argument("--trial", type=int, default=0)
     ap.add_argument("--top-k", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
@@ -71,8 +75,8 @@ def main(argv=None) -> int:
         for depth in (float(x) for x in args.depths.split(",")):
             rng = np.random.default_rng([0, length, int(round(depth * 1000)), args.trial])
             prompt = tasks.needle_prompt(tok, haystack, length, depth, rng, 0)
-            for m in (int(x) for x in args.ms.split(",")):
-                setup = setup_for(f"{MEMORY_CONFIG}:m={m}", info, len(prompt.tokens) + 16, 512, window=WINDOW)
+            for m, c in ((int(m), int(c)) for m in args.ms.split(",") for c in args.cs.split(",")):
+                setup = setup_for(f"{MEMORY_CONFIG}:m={m}:c={c}", info, len(prompt.tokens) + 16, 512, window=WINDOW)
                 att = setup.attention
                 span, blocks = needle_blocks(prompt, tok(prompt.key, False), att.sinks, att.memory_block_size)
                 layers = range(att.top_k_layer, info.block_count)
@@ -100,7 +104,8 @@ def main(argv=None) -> int:
                 finally:
                     stream.close()
                     llm.close()
-                row = dict(length=length, depth=depth, trial=args.trial, m=m, top_k=args.top_k, key=prompt.key,
+                row = dict(length=length, depth=depth, trial=args.trial, m=m, candidates=c, top_k=args.top_k,
+                           key=prompt.key,
                            answer=text, found=tasks.first_number(text) == prompt.key, span=span,
                            needle_blocks=blocks, n_pairs=len(steps[0]), read_s=round(read_s),
                            selected_per_step=[sum(1 for v in s.values() if v) for s in steps],
