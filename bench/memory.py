@@ -2,18 +2,20 @@
 
 ``retrieval``: the passkey (or the RULER-style needle in essays) at several lengths x 5 depths x N trials,
 for the configurations named (``lambda``: LM-Infinite with the bounded cache; ``lambda+memory``: the same
-reading, what leaves the window in the block store, the question selecting 16 blocks of 64 per KV head and
-the top-5 keys among them; ``vanilla``, ``context-shift``, ``lambda+top-k`` where they fit). The window is
+reading, what leaves the window in the block store, the question selecting the library's default m blocks of
+64 per KV head (64, among 4m candidates the exact q.k reranks; ``lambda+memory:m=N:c=C`` for others) and the
+top-5 keys among them; ``vanilla``, ``context-shift``, ``lambda+top-k`` where they fit). The window is
 set well below the model's training length (``--window``, default 1024) so that the lengths reach far past
 it on this machine's budget. Each trial is written to ``bench/results/memory_<task>.json`` as it finishes (a
 rerun resumes), and ``memory_<task>.png`` is the heatmap.
 
 ``cost``: one essay stream read with the bounded Lambda cache, then with the memory (question scope): tokens/s,
 peak RSS, bytes on disk per token and in RAM, the time from the end of the reading to the first answer
-token and the answer's decode speed over 16 tokens (``bench/results/memory_cost.json``, one entry per length and window: a run replaces its own entry).
+token and the answer's decode speed over 16 tokens (``bench/results/memory_cost.json``, one entry per length,
+window, m and c: a run replaces its own entry).
 
     python bench/memory.py retrieval [--task passkey] [--lengths 4096,8192,16384] [--trials 2] [--model NAME]
-    python bench/memory.py cost [--tokens 16384] [--window 1024] [--memory-blocks 64]
+    python bench/memory.py cost [--tokens 16384] [--window 1024] [--memory-blocks 64] [--memory-candidates 256]
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=65536)
     ap.add_argument("--window", type=int, default=8192)
     ap.add_argument("--memory-blocks", type=int, default=64)
+    ap.add_argument("--memory-candidates", type=int, help="c, the candidates the exact q.k reranks (default 4m)")
     ap.add_argument("--answer-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-o", "--output", default=str(RESULTS / "memory_rss_phases.jsonl"))
@@ -55,7 +56,8 @@ def main(argv=None) -> int:
     tokens = vocab.tokenize(paul_graham_essays().encode("utf-8"), add_bos=True)[:args.tokens]
     question = vocab.tokenize(b"\nWhat is the first sentence of the text above?", add_bos=False)
     vocab.close()
-    name = f"lambda+memory:m={args.memory_blocks}"
+    name = f"lambda+memory:m={args.memory_blocks}" + (f":c={args.memory_candidates}" if args.memory_candidates
+                                                       is not None else "")
     st = setup_for(name, info, len(tokens) + len(question) + args.answer_tokens + 16, 512, window=args.window)
     peak_rss_reset()
     llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads,
@@ -75,7 +77,8 @@ def main(argv=None) -> int:
             llm.eval([int(np.argmax(native.last_logits(native.context_address(llm), llm.n_vocab())))])
             steps.append(status())
         phases["answer"] = steps
-        row = dict(tokens=len(tokens), window=args.window, memory_blocks=args.memory_blocks, threads=args.threads,
+        row = dict(tokens=len(tokens), window=args.window, memory_blocks=args.memory_blocks,
+                   memory_candidates=st.attention.resolve(info).memory_candidates, threads=args.threads,
                    read_s=round(read_s, 1), memory=llm.memory_info(), phases=phases)
     finally:
         llm.close()
