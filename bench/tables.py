@@ -415,7 +415,7 @@ def table_upstream(r: Path) -> str:
 
 class MemoryLabels(dict):
     """The row names of the memory benchmarks; "lambda+memory:m=N[:c=C]" says its m and its candidates (none in
-    results from before patch 0027)."""
+    results from before patch 0026)."""
 
     def get(self, name, default=None):
         if name.startswith("lambda+memory:m="):
@@ -471,7 +471,7 @@ def table_memory_needle_blocks(r: Path) -> str:
 def table_memory_needle_selection(r: Path) -> str:
     """Whether the question selects the needle's block (bench/memory_study/needle_selection.py, one JSON line per
     prompt, m and c): the (layer, KV head) pairs holding it after the question and over the answer's steps; c the
-    candidates the exact q.k reranks (0: the bound selects; lines from before patch 0027 have none)."""
+    candidates the exact q.k reranks (0: the bound selects; lines from before patch 0026 have none)."""
     rows_in = [json.loads(line) for line in (r / "memory_needle_selection.jsonl").read_text().splitlines() if line]
     rows = []
     for x in sorted(rows_in, key=lambda x: (x["length"], x["depth"], x["trial"], x["m"], x.get("candidates", 0))):

@@ -140,7 +140,7 @@ def test_one_rule_for_the_default_attention_of_every_command(info):
 def test_memory_configurations_name_their_blocks(info, capsys):
     """"lambda+memory" selects the default m (run's and serve's too); "lambda+memory:m=N" another, with the same
     cache (the selected blocks are in the graph, patch 0023), "lambda+memory:m=N:c=C" with C candidates (by default
-    4m, patch 0027); a malformed m or c is named, and nll refuses every memory configuration."""
+    4m, patch 0026); a malformed m or c is named, and nll refuses every memory configuration."""
     from llama_extrapolate import cli
     from llama_extrapolate.config import DEFAULT_MEMORY_BLOCK, DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
     from llama_extrapolate.evaluate import memory_blocks_of, memory_config_name, setup_for

@@ -299,7 +299,7 @@ def test_selection_equals_an_exhaustive_bound(tiny, asked):
 
 @pytest.mark.parametrize("candidates", [4, 8])
 def test_candidates_are_reranked_by_their_exact_scores(tiny, candidates):
-    """With c candidates (patch 0027) the bound proposes the c selectable blocks with the largest bounds and the m of
+    """With c candidates (patch 0026) the bound proposes the c selectable blocks with the largest bounds and the m of
     them with the largest exact q.k (max over the question's queries and the group's heads) are selected: checked
     against numpy's bound and exact products for every block (stored keys, the oracle's queries at D). c = 8 is more
     than the 6 selectable blocks: all are reranked and no block the question may not see comes in. The rerank

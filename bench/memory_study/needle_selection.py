@@ -9,7 +9,7 @@ rank in each selecting pair's (score-ordered) selection for the question.
     python bench/memory_study/needle_selection.py --lengths 8192,16384,32768 --depths 0 --ms 64,256 --cs 0
     python bench/memory_study/needle_selection.py --lengths 16384,32768 --depths 0 --ms 64 --cs 256
 
---cs: the candidates the exact q.k reranks (patch 0027; 0: the bound selects the m blocks).
+--cs: the candidates the exact q.k reranks (patch 0026; 0: the bound selects the m blocks).
 """
 
 from __future__ import annotations

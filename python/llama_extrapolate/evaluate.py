@@ -190,7 +190,7 @@ PROFILE_CONFIG_PREFIX = "profile="
 def memory_config_name(name: str) -> str:
     """The name results are stored under: a memory configuration with its m and candidates c ("lambda+memory" is
     the default's, which has changed, so a stored "lambda+memory" would not say what it ran with; results from
-    before the candidates, patch 0027, are "lambda+memory:m=N" and selected by the bound alone); any other name as
+    before the candidates, patch 0026, are "lambda+memory:m=N" and selected by the bound alone); any other name as
     it is."""
     settings = memory_settings_of(name)
     return name if settings is None else f"{MEMORY_CONFIG}:m={settings[0]}:c={settings[1]}"
