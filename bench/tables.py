@@ -486,6 +486,25 @@ def table_memory_needle_selection(r: Path) -> str:
               rows)
 
 
+def table_memory_rss_phases(r: Path) -> str:
+    """What the memory's peak RSS is made of (bench/memory_study/rss_phases.py, one JSON line per run): the peak
+    (VmHWM) after the reading, after the question and after the answer, and the resident memory after the question
+    (anonymous + file-backed); "how" says how the graph read the store (runs that record none mapped it)."""
+    rows = []
+    for line in (r / "memory_rss_phases.jsonl").read_text().splitlines():
+        if not line:
+            continue
+        x = json.loads(line)
+        p = x["phases"]
+        c = x.get("memory_candidates")
+        rows.append([k(x["tokens"]), x["window"], x["memory_blocks"], DASH if c is None else c,
+                     x.get("store_read", "mapped"), f(p["read"]["VmHWM"], 0), f(p["question"]["VmHWM"], 0),
+                     f"{p['question']['RssAnon']:,.0f} + {p['question']['RssFile']:,.0f}",
+                     f(p["answer"][-1]["VmHWM"], 0), len(p["answer"]), f(x["memory"]["bytes_on_disk"] / MIB, 0)])
+    return md(["tokens", "W", "m", "candidates", "store read", "peak after reading MiB", "peak after the question",
+               "after the question: anon + file", "peak after the answer", "answer tokens", "store MiB"], rows)
+
+
 def table_memory_cost(r: Path) -> str:
     """Reading speed, question time, answer speed, cache, peak RSS and disk of essay streams, bounded Λ vs the
     memory, with the memory's ratios to the bounded stream (reading speed, peak RSS); answer speed where measured."""
@@ -545,6 +564,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-needle-qwen": table_memory_needle_qwen,
     "memory-needle-blocks": table_memory_needle_blocks,
     "memory-needle-selection": table_memory_needle_selection,
+    "memory-rss-phases": table_memory_rss_phases,
     "memory-cost": table_memory_cost,
     "server-ttft": table_server_ttft,
 }
@@ -556,7 +576,7 @@ AREAS: Dict[str, List[str]] = {
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
     "receptive-fields": ["trf", "erf"],
     "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-needle-blocks",
-               "memory-needle-selection", "memory-cost"],
+               "memory-needle-selection", "memory-rss-phases", "memory-cost"],
     "server": ["server-ttft"],
 }
 

@@ -78,7 +78,8 @@ def main(argv=None) -> int:
             steps.append(status())
         phases["answer"] = steps
         row = dict(tokens=len(tokens), window=args.window, memory_blocks=args.memory_blocks,
-                   memory_candidates=st.attention.resolve(info).memory_candidates, threads=args.threads,
+                   memory_candidates=st.attention.resolve(info).memory_candidates, store_read="pread",
+                   threads=args.threads,
                    read_s=round(read_s, 1), memory=llm.memory_info(), phases=phases)
     finally:
         llm.close()
