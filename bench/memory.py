@@ -32,6 +32,25 @@ RESULTS = HERE / "results"
 ANSWER_TOKENS = 16
 
 
+def essay_stream(n_tokens: int):
+    """The cost runs' stream (the default model, the essays' first n_tokens) and their 14-token question:
+    (model path, model info, tokens, question); too few tokens in the essays is refused, not run shorter."""
+    import llama_extrapolate as le
+    from llama_extrapolate import native
+    from llama_extrapolate.corpora import paul_graham_essays
+    from llama_extrapolate.default_model import default_model_path
+
+    model = str(default_model_path())
+    info = le.read_model_info(model)
+    vocab = native.load_tokenizer(model)
+    tokens = vocab.tokenize(paul_graham_essays().encode("utf-8"), add_bos=True)[:n_tokens]
+    question = vocab.tokenize(b"\nWhat is the first sentence of the text above?", add_bos=False)
+    vocab.close()
+    if len(tokens) < n_tokens:
+        raise SystemExit(f"--tokens {n_tokens}: the essays have only {len(tokens)} tokens")
+    return model, info, tokens, question
+
+
 def run_retrieval(args) -> None:
     from llama_extrapolate import plots, tasks
     from llama_extrapolate.default_model import default_model_path
@@ -55,21 +74,12 @@ def run_retrieval(args) -> None:
 def run_cost(args) -> None:
     import llama_extrapolate as le
     from llama_extrapolate import native
-    from llama_extrapolate.corpora import paul_graham_essays
-    from llama_extrapolate.default_model import default_model_path
     from llama_extrapolate.evaluate import MEMORY_CONFIG, memory_config_name, memory_settings_of, setup_for
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
     import numpy as np
     from tqdm import tqdm
 
-    model = str(default_model_path())
-    info = le.read_model_info(model)
-    vocab = native.load_tokenizer(model)
-    tokens = vocab.tokenize(paul_graham_essays().encode("utf-8"), add_bos=True)[:args.tokens]
-    question = vocab.tokenize(b"\nWhat is the first sentence of the text above?", add_bos=False)
-    vocab.close()
-    if len(tokens) < args.tokens:
-        raise SystemExit(f"--tokens {args.tokens}: the essays have only {len(tokens)} tokens")
+    model, info, tokens, question = essay_stream(args.tokens)
     if args.memory_candidates is not None and not args.memory_blocks:
         raise SystemExit("--memory-candidates needs --memory-blocks (the m they are chosen for)")
     memory_name = memory_config_name(MEMORY_CONFIG + (f":m={args.memory_blocks}" if args.memory_blocks else "")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -19,12 +20,12 @@ from tqdm import tqdm
 
 import llama_extrapolate as le
 from llama_extrapolate import native
-from llama_extrapolate.corpora import paul_graham_essays
-from llama_extrapolate.default_model import default_model_path
 from llama_extrapolate.evaluate import setup_for
 from llama_extrapolate.resources import peak_rss_reset
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
+sys.path.insert(0, str(RESULTS.parent))
+from memory import essay_stream  # noqa: E402  (bench/memory.py: the cost runs' stream and question)
 MIB = 1 << 20
 
 
@@ -50,12 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("-o", "--output", default=str(RESULTS / "memory_rss_phases.jsonl"))
     args = ap.parse_args(argv)
 
-    model = str(default_model_path())
-    info = le.read_model_info(model)
-    vocab = native.load_tokenizer(model)
-    tokens = vocab.tokenize(paul_graham_essays().encode("utf-8"), add_bos=True)[:args.tokens]
-    question = vocab.tokenize(b"\nWhat is the first sentence of the text above?", add_bos=False)
-    vocab.close()
+    model, info, tokens, question = essay_stream(args.tokens)
     name = f"lambda+memory:m={args.memory_blocks}" + (f":c={args.memory_candidates}" if args.memory_candidates
                                                        is not None else "")
     st = setup_for(name, info, len(tokens) + len(question) + args.answer_tokens + 16, 512, window=args.window)
