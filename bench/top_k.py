@@ -39,7 +39,7 @@ from llama_extrapolate.native import load_tokenizer
 from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
 from llama_extrapolate.default_model import default_model_path
 from llama_extrapolate.model_info import read_model_info
-from llama_extrapolate.tasks import first_number, Stream, passkey_prompt
+from llama_extrapolate.tasks import first_number, Stream, passkey_prompt, trial_rng
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "top_k.json"
@@ -103,7 +103,7 @@ def run_passkey(args, results: dict) -> None:
         for d in DEPTHS:
             for t in range(args.trials):
                 if (L, d, t) not in done:
-                    rng = np.random.default_rng([args.seed, L, int(round(d * 1000)), t])
+                    rng = trial_rng(args.seed, L, d, t)
                     todo.append((L, d, t, passkey_prompt(tokenize, L, d, rng)))
     vocab.close()
     if not todo:

@@ -297,6 +297,25 @@ def test_selection_equals_an_exhaustive_bound(tiny, asked):
     check_selection(model, tokens, sel, stored)
 
 
+def test_the_bound_is_taken_a_slice_of_queries_at_a_time(tiny):
+    """A memory opened for 680,000 tokens has 21,250 blocks per KV head, so the graph takes the bound of the
+    question's 100 queries (50 tokens, 2 heads a group) 98 at a time (patch 0028: at most 2^22 products a slice)
+    and merges the slices' maxima: the selection is still the exhaustive bound's. (F16 blocks: an 87 MB file.)"""
+    model, path, tokens = tiny
+    group = model.n_head // model.n_head_kv
+    n_blocks = 680_000 // B
+    assert (2**22 // (n_blocks * model.n_head_kv)) < group * (N_TOKENS - QUESTION), "the bound must take >1 slice"
+    llm = make_llm(path, memory_config(), memory_capacity=680_000, memory_type="f16")
+    try:
+        read_and_ask(llm, tokens)
+        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
+        stored = {(b, il, g): _read(llm, b, il, g) for b in range(N_SELECTABLE) for il in range(H0, model.n_layer)
+                  for g in range(model.n_head_kv)}
+    finally:
+        llm.close()
+    check_selection(model, tokens, sel, stored)
+
+
 @pytest.mark.parametrize("candidates", [4, 8])
 def test_candidates_are_reranked_by_their_exact_scores(tiny, candidates):
     """With c candidates (patch 0026) the bound proposes the c selectable blocks with the largest bounds and the m of

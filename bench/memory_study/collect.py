@@ -17,7 +17,7 @@ import numpy as np
 import llama_extrapolate  # before llama_cpp: the patched library
 import llama_cpp
 from llama_extrapolate.corpora import paul_graham_essays
-from llama_extrapolate.tasks import needle_prompt, passkey_prompt
+from llama_extrapolate.tasks import needle_prompt, passkey_prompt, trial_rng
 
 import blocks as BL
 from npmodel import NPModel
@@ -56,7 +56,7 @@ def main():
     results = json.load(open(results_path)) if os.path.exists(results_path) else {"trials": []}
     for depth in [float(x) for x in a.depths.split(",")]:
         for trial in range(a.trials):
-            rng = np.random.default_rng([a.seed, a.length, int(round(depth * 1000)), trial])
+            rng = trial_rng(a.seed, a.length, depth, trial)
             pr = (passkey_prompt(tok, a.length, depth, rng) if a.task == "passkey"
                   else needle_prompt(tok, hay, a.length, depth, rng))
             toks, qs = pr.tokens, pr.question_start

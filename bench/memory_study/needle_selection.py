@@ -73,8 +73,7 @@ def main(argv=None) -> int:
     haystack = paul_graham_essays()
     for length in (int(x) for x in args.lengths.split(",")):
         for depth in (float(x) for x in args.depths.split(",")):
-            rng = np.random.default_rng([0, length, int(round(depth * 1000)), args.trial])
-            prompt = tasks.needle_prompt(tok, haystack, length, depth, rng, 0)
+            prompt = tasks.needle_prompt(tok, haystack, length, depth, tasks.trial_rng(0, length, depth, args.trial), 0)
             for m, c in ((int(m), int(c)) for m in args.ms.split(",") for c in args.cs.split(",")):
                 setup = setup_for(f"{MEMORY_CONFIG}:m={m}:c={c}", info, len(prompt.tokens) + 16, 512, window=WINDOW)
                 att = setup.attention
@@ -85,9 +84,7 @@ def main(argv=None) -> int:
                 stream = tasks.Stream(llm, 512, None)
                 try:
                     t0 = time.perf_counter()
-                    stream.reset()
-                    llm.set_top_k_active(False)
-                    stream.feed(prompt.tokens[:prompt.question_start])
+                    stream.read_document(prompt.tokens[:prompt.question_start])
                     read_s = time.perf_counter() - t0
                     llm.set_top_k(args.top_k)
                     llm.set_top_k_active(True)

@@ -54,10 +54,8 @@ def main(argv=None) -> int:
     haystack = paul_graham_essays()
     out = Path(args.output)
     for depth in (float(d) for d in args.depths.split(",")):
-        # the seeds of tasks.run_retrieval's needle prompts
-        rng = np.random.default_rng([0, args.length, int(round(depth * 1000)), args.trial])
         prompt = tasks.needle_prompt(lambda t, b: vocab.tokenize(t.encode(), add_bos=b), haystack, args.length, depth,
-                                     rng, 0)
+                                     tasks.trial_rng(0, args.length, depth, args.trial), 0)
         for m in (int(x) for x in args.memory_blocks.split(",")):
             ask(model, info, prompt, depth, m, args, out)
     return 0
@@ -71,9 +69,7 @@ def ask(model, info, prompt, depth, m, args, out) -> None:
     stream = tasks.Stream(llm, 512, None)
     try:
         t0 = time.perf_counter()
-        stream.reset()
-        llm.set_top_k_active(False)
-        stream.feed(prompt.tokens[:prompt.question_start])
+        stream.read_document(prompt.tokens[:prompt.question_start])
         read_s = time.perf_counter() - t0
         state, n_past = llm.save_state(), stream.n_past
         for k in (int(x) for x in args.top_k.split(",")):

@@ -144,10 +144,14 @@ class Stream(native.Stream):
         if question_start is None:
             self.reset()
             return self.answer(self.feed(prompt), n_new)
+        self.read_document(prompt[:question_start])
+        return self.ask(prompt[question_start:], n_new)
+
+    def read_document(self, document: Sequence[int]) -> None:
+        """A new stream of ``document`` with the middle keys off (the reading; ``ask`` switches them on)."""
         self.reset()
         self.llm.set_top_k_active(False)
-        self.feed(prompt[:question_start])
-        return self.ask(prompt[question_start:], n_new)
+        self.feed(document)
 
     def ask(self, question: Sequence[int], n_new: int) -> List[int]:
         """Greedy answer to ``question`` after the document in the cache, with the middle keys on."""
@@ -164,6 +168,12 @@ class Stream(native.Stream):
             out.append(t)
             logits = self.feed([t])
         return out
+
+
+def trial_rng(seed: int, length: int, depth: float, trial: int) -> np.random.Generator:
+    """The random numbers of one trial's prompt (its key, its needle's word): studies that rebuild a prompt of
+    ``run_retrieval`` take them from here."""
+    return np.random.default_rng([seed, length, int(round(depth * 1000)), trial])
 
 
 def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequence[int], depths: Sequence[float],
@@ -210,7 +220,7 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
     for L in lengths:
         for d in depths:
             for k in range(trials):
-                rng = np.random.default_rng([seed, L, int(round(d * 1000)), k])
+                rng = trial_rng(seed, L, d, k)
                 prompts[(L, d, k)] = (passkey_prompt(tokenize, L, d, rng) if task == "passkey"
                                       else needle_prompt(tokenize, haystack, L, d, rng,
                                                          NEEDLE_DISTRACTORS if task == "needle-multi" else 0))
