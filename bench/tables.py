@@ -489,7 +489,7 @@ def table_memory_needle_selection(r: Path) -> str:
 def table_memory_rss_phases(r: Path) -> str:
     """What the memory's peak RSS is made of (bench/memory_study/rss_phases.py, one JSON line per run): the peak
     (VmHWM) after the reading, after the question and after the answer, and the resident memory after the question
-    (anonymous + file-backed); "how" says how the graph read the store (runs that record none mapped it)."""
+    (anonymous + file-backed); "store_read" says how the graph read the store (runs that record none mapped it)."""
     rows = []
     for line in (r / "memory_rss_phases.jsonl").read_text().splitlines():
         if not line:
