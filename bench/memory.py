@@ -3,7 +3,7 @@
 ``retrieval``: the passkey (or the RULER-style needle in essays) at several lengths x 5 depths x N trials,
 for the configurations named (``lambda``: LM-Infinite with the bounded cache; ``lambda+memory``: the same
 reading, what leaves the window in the block store, the question selecting the library's default m blocks of
-64 per KV head (64, among 4m candidates the exact q.k reranks; ``lambda+memory:m=N:c=C`` for others) and the
+64 per KV head (64, among 16m candidates the exact q.k reranks; ``lambda+memory:m=N:c=C`` for others) and the
 top-5 keys among them; ``vanilla``, ``context-shift``, ``lambda+top-k`` where they fit). The window is
 set well below the model's training length (``--window``, default 1024) so that the lengths reach far past
 it on this machine's budget. Each trial is written to ``bench/results/memory_<task>.json`` as it finishes (a
@@ -16,6 +16,10 @@ window, m and c: a run replaces its own entry).
 
     python bench/memory.py retrieval [--task passkey] [--lengths 4096,8192,16384] [--trials 2] [--model NAME]
     python bench/memory.py cost [--tokens 16384] [--window 1024] [--memory-blocks 64] [--memory-candidates 256]
+    python bench/memory.py step --build 0029 [--capacity 131072] [--candidates 0,256,512,1024]
+
+``step``: the question's and an answer step's time by the number of candidates c, the memory opened for a long
+document (``bench/results/memory_step.json``, one entry per build measured).
 """
 
 from __future__ import annotations
@@ -143,6 +147,50 @@ def run_cost(args) -> None:
     print(json.dumps({k: out[k] for k in ("read_speed_ratio", "peak_rss_ratio")}))
 
 
+def run_step(args) -> None:
+    """What the rerank costs a decode step: the same short reading with the memory opened for --capacity tokens
+    (the bound scores every block the memory can hold and the rerank reads c blocks whatever the document's length,
+    so a step costs what it costs at that length), then the question and ANSWER_TOKENS answer steps, for each c."""
+    import llama_extrapolate as le
+    from llama_extrapolate import native
+    from llama_extrapolate.evaluate import memory_config_name, setup_for
+    import numpy as np
+    from tqdm import tqdm
+
+    model, info, tokens, question = essay_stream(args.tokens)
+    m = args.memory_blocks
+    out = {"tokens": len(tokens), "window": args.window, "capacity": args.capacity, "threads": args.threads,
+           "memory_blocks": m, "build": args.build, "configs": {}}
+    for c in tqdm([int(x) for x in args.candidates.split(",")], desc="candidates"):
+        name = memory_config_name(f"lambda+memory:m={m}:c={c}")
+        st = setup_for(name, info, len(tokens) + len(question) + ANSWER_TOKENS, args.n_batch, window=args.window)
+        llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
+                       n_threads=args.threads, verbose=False, memory_capacity=args.capacity)
+        try:
+            llm.eval(tokens)
+            llm.set_top_k_active(True)
+            t1 = time.perf_counter()
+            llm.eval(question)
+            question_s = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            for _ in range(ANSWER_TOKENS):
+                llm.eval([int(np.argmax(native.last_logits(native.context_address(llm), llm.n_vocab())))])
+            step_s = (time.perf_counter() - t2) / ANSWER_TOKENS
+        finally:
+            llm.close()
+        out["configs"][name] = {"candidates": c, "question_s": question_s, "answer_step_ms": 1000 * step_s,
+                                "answer_tok_s": 1 / step_s}
+        print(name, json.dumps(out["configs"][name]))
+    path = RESULTS / "memory_step.json"
+    runs = json.loads(path.read_text())["runs"] if path.exists() else []
+
+    def key(run):
+        return run["build"], run["capacity"], run["window"], run["tokens"], run["memory_blocks"], run["threads"]
+
+    runs = [r for r in runs if key(r) != key(out)] + [out]
+    path.write_text(json.dumps({"runs": runs}, indent=1))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -164,13 +212,23 @@ def main(argv=None) -> int:
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--memory-blocks", type=int, help="m, the blocks each KV head selects (default: the library's)")
     c.add_argument("--memory-candidates", type=int,
-                   help="c, the blocks the bound proposes for the exact rerank (default: the library's 4m; 0: none)")
+                   help="c, the blocks the bound proposes for the exact rerank (default: the library's 16m; 0: none)")
     c.add_argument("--lambda-from-earlier", action="store_true",
                    help="take the bounded stream's figures from the latest earlier run at this length, window and "
                         "thread count instead of reading it again (half the time at 128k)")
+    t = sub.add_parser("step")
+    t.add_argument("--tokens", type=int, default=4096)
+    t.add_argument("--window", type=int, default=1024)
+    t.add_argument("--capacity", type=int, default=131072, help="tokens the memory is opened for")
+    t.add_argument("--memory-blocks", type=int, default=64)
+    t.add_argument("--candidates", default="0,256,512,1024", help="the values of c to time")
+    t.add_argument("--n-batch", type=int, default=512)
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--build", required=True, help="what is measured, e.g. the last patch applied (a run replaces the "
+                   "entry of its build, capacity, window, tokens, m and threads)")
     args = p.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
-    {"retrieval": run_retrieval, "cost": run_cost}[args.cmd](args)
+    {"retrieval": run_retrieval, "cost": run_cost, "step": run_step}[args.cmd](args)
     return 0
 
 

@@ -526,6 +526,21 @@ def table_memory_cost(r: Path) -> str:
                "memory RAM MiB", "speed / RSS vs Λ"], rows)
 
 
+def table_memory_step(r: Path) -> str:
+    """What the candidates' rerank costs a question and an answer step, by the number of candidates c and the patch
+    the library was built to (bench/memory.py step: the memory opened for a long document, a short reading)."""
+    d = load("memory_step.json", r)
+    runs = d["runs"]
+    cs = sorted({e["candidates"] for run in runs for e in run["configs"].values()})
+    rows = []
+    for run in runs:
+        by_c = {e["candidates"]: e for e in run["configs"].values()}
+        rows.append([run["build"], f"{k(run['capacity'])}, W = {run['window']}, m = {run['memory_blocks']}"]
+                    + [f"{by_c[c]['question_s']:.2f} s / {by_c[c]['answer_step_ms']:.0f} ms" if c in by_c else DASH
+                       for c in cs])
+    return md(["built to", "memory opened for"] + [f"c = {c}" if c else "bound only" for c in cs], rows)
+
+
 def table_server_ttft(r: Path) -> str:
     """`llama-extrapolate serve`: time to the first answer token, a long document's first question and a second
     question on the same document (the stream reused)."""
@@ -566,6 +581,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-needle-selection": table_memory_needle_selection,
     "memory-rss-phases": table_memory_rss_phases,
     "memory-cost": table_memory_cost,
+    "memory-step": table_memory_step,
     "server-ttft": table_server_ttft,
 }
 
@@ -576,7 +592,7 @@ AREAS: Dict[str, List[str]] = {
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
     "receptive-fields": ["trf", "erf"],
     "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-needle-blocks",
-               "memory-needle-selection", "memory-rss-phases", "memory-cost"],
+               "memory-needle-selection", "memory-rss-phases", "memory-cost", "memory-step"],
     "server": ["server-ttft"],
 }
 

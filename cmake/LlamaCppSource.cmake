@@ -33,7 +33,10 @@ function(_llama_extrapolate_verify_sdist tarball)
 endfunction()
 
 # Downloads the pinned sdist with pip (so pip's index configuration applies)
-# into the build directory, once.
+# into the build directory, once. Only llama-cpp-python is taken as an sdist:
+# pip prepares its metadata in an isolated build environment, and
+# --no-binary=:all: would build that environment's cmake from source (more than
+# ten minutes on two cores whenever pip has no wheel of that cmake cached).
 function(_llama_extrapolate_download_sdist out_tarball)
     set(deps "${CMAKE_BINARY_DIR}/_deps")
     set(tarball "${deps}/${LLAMA_EXTRAPOLATE_SDIST_FILE}")
@@ -51,7 +54,7 @@ function(_llama_extrapolate_download_sdist out_tarball)
     file(REMOVE_RECURSE "${download_dir}")
     message(STATUS "llama-extrapolate: downloading ${LLAMA_EXTRAPOLATE_SDIST_NAME}==${LLAMA_EXTRAPOLATE_SDIST_VERSION} sdist with pip")
     execute_process(
-        COMMAND "${Python_EXECUTABLE}" -m pip download --no-deps --no-binary=:all:
+        COMMAND "${Python_EXECUTABLE}" -m pip download --no-deps "--no-binary=${LLAMA_EXTRAPOLATE_SDIST_NAME}"
                 --dest "${download_dir}"
                 "${LLAMA_EXTRAPOLATE_SDIST_NAME}==${LLAMA_EXTRAPOLATE_SDIST_VERSION}"
         RESULT_VARIABLE rc

@@ -69,19 +69,26 @@ def asked(tiny):
     llm = make_llm(path, memory_config())
     try:
         got = read_and_ask(llm, tokens)
-        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
+        sel = selection(llm, model)
         info = llm.memory_info()
-        stored = {(b, il, g): _read(llm, b, il, g) for b in range(info["n_blocks"]) for il in range(H0, model.n_layer)
-                  for g in range(model.n_head_kv)}
+        stored = stored_blocks(llm, model, info["n_blocks"])
     finally:
         llm.close()
     return got, sel, info, stored
 
 
-def _read(llm, b, il, g):
+def selection(llm, model):
+    """The blocks each layer >= h0 selected in the last ubatch: {il: [n_kv, m]}."""
+    return {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
+
+
+def stored_blocks(llm, model, n_blocks, n_kv=None):
+    """The keys and values of blocks 0 .. n_blocks - 1 as the store holds them, by (block, layer >= h0, KV head)."""
     from llama_extrapolate import native
 
-    return native.memory_read_block(native.context_address(llm), b, il, g)
+    ctx = native.context_address(llm)
+    return {(b, il, g): native.memory_read_block(ctx, b, il, g) for b in range(n_blocks)
+            for il in range(H0, model.n_layer) for g in range(model.n_head_kv if n_kv is None else n_kv)}
 
 
 def test_logits_equal_the_oracle_given_the_selected_blocks(tiny, asked):
@@ -109,9 +116,8 @@ def test_whole_blocks_are_read_in_the_order_of_the_text(tiny):
     llm = make_llm(path, memory_config(top_k=M * B))
     try:
         got = read_and_ask(llm, tokens)
-        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
-        stored = {(b, il, g): _read(llm, b, il, g) for b in range(llm.memory_info()["n_blocks"])
-                  for il in range(H0, model.n_layer) for g in range(model.n_head_kv)}
+        sel = selection(llm, model)
+        stored = stored_blocks(llm, model, llm.memory_info()["n_blocks"])
     finally:
         llm.close()
     # the blocks: the top m of the bound with the predecessor's (a block and its successor come together)
@@ -185,7 +191,7 @@ def test_the_selected_blocks_take_no_cells_of_the_cache(tiny):
         llm.set_top_k_active(True)
         llm.eval(tokens[QUESTION:])
         got = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float64)
-        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
+        sel = selection(llm, model)
     finally:
         llm.close()
     assert cells < m * B, f"the cache has {cells} cells: the region of {m * B} must not be among them"
@@ -257,11 +263,16 @@ def assert_top_m(bound, chosen, where, neighbour=False):
 N_SELECTABLE = (QUESTION - S - W + 1) // B  # blocks hidden from the question's first query
 
 
-def question_queries(model, tokens):
+def question_queries(model, tokens, sel=None):
     """Per layer >= h0 and KV head: the oracle's queries of the question at distance D from a key at 0, those of
-    the group's heads together [n_question*group, head_dim] (float64)."""
+    the group's heads together [n_question*group, head_dim] (float64). Past layer h0 the queries depend on what the
+    layers before read from the memory: the blocks sel those selected (without sel, layer h0's are exact only)."""
     cap = {}
-    forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C), capture=cap)
+    ref = RefAttention(sinks=S, window=W, ceiling=C)
+    if sel is not None:
+        ref = RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0, top_k_distance=D,
+                           top_k_from=QUESTION, memory_blocks=sel, memory_block=B)
+    forward(model, tokens, ref, capture=cap)
     group = model.n_head // model.n_head_kv
     out = {}
     for il in range(H0, model.n_layer):
@@ -308,9 +319,8 @@ def test_the_bound_is_taken_a_slice_of_queries_at_a_time(tiny):
     llm = make_llm(path, memory_config(), memory_capacity=680_000, memory_type="f16")
     try:
         read_and_ask(llm, tokens)
-        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
-        stored = {(b, il, g): _read(llm, b, il, g) for b in range(N_SELECTABLE) for il in range(H0, model.n_layer)
-                  for g in range(model.n_head_kv)}
+        sel = selection(llm, model)
+        stored = stored_blocks(llm, model, N_SELECTABLE)
     finally:
         llm.close()
     check_selection(model, tokens, sel, stored)
@@ -327,9 +337,8 @@ def test_candidates_are_reranked_by_their_exact_scores(tiny, candidates):
     llm = make_llm(path, memory_config(memory_candidates=candidates))
     try:
         got = read_and_ask(llm, tokens)
-        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
-        stored = {(b, il, g): _read(llm, b, il, g) for b in range(N_SELECTABLE) for il in range(H0, model.n_layer)
-                  for g in range(model.n_head_kv)}
+        sel = selection(llm, model)
+        stored = stored_blocks(llm, model, N_SELECTABLE)
     finally:
         llm.close()
     queries = question_queries(model, tokens)
@@ -356,6 +365,59 @@ def test_candidates_are_reranked_by_their_exact_scores(tiny, candidates):
     assert err < TOL, f"max |llama.cpp - oracle| = {err}"
 
 
+def q8_0_rounded(x):
+    """Rows of x rounded as ggml rounds a product's F32 operand to q8_0: blocks of 32 values, each an F16 scale
+    max|x|/127 and the values to integers in [-127, 127] (float64 for the products)."""
+    blocks = np.asarray(x, dtype=np.float32).reshape(len(x), -1, 32)
+    d = np.abs(blocks).max(-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    q = np.round(blocks * inv)
+    return (q * d.astype(np.float16).astype(np.float32)).reshape(np.shape(x)).astype(np.float64)
+
+
+@pytest.mark.parametrize("memory_type", ["f16", "q8_0"])
+def test_candidates_are_reranked_in_the_stores_type(tmp_path, memory_type):
+    """Patch 0029: the candidates' keys enter the rerank's product as stored, and the queries are rounded to the
+    product's type once (F16 for an F16 store; q8_0 for a q8_0 store, head size 32 here: one q8_0 block). The
+    selection is numpy's top m of the same rounded products over the same candidates, in every layer >= h0 (the
+    oracle's queries past h0 read the blocks the library selected before, from F32 keys where the library's are
+    rounded). Where a query lies on a q8_0 rounding boundary numpy and ggml may round it a step apart, so a KV head
+    is compared where its m-th and (m+1)-th scores are further apart than such a step; all but one are here."""
+    from tinymodel import TinyLlama
+
+    model = TinyLlama(n_embd=128, n_layer=4)
+    model.make_weights()
+    path = model.write(tmp_path / "tiny-hd32.gguf")
+    tokens = random_tokens(model, N_TOKENS, seed=2)
+    candidates = 4
+    llm = make_llm(path, memory_config(memory_candidates=candidates), memory_type=memory_type)
+    try:
+        read_and_ask(llm, tokens)
+        sel = selection(llm, model)
+        stored = stored_blocks(llm, model, N_SELECTABLE)
+    finally:
+        llm.close()
+    rounded = q8_0_rounded if memory_type == "q8_0" else (lambda q: q.astype(np.float16).astype(np.float64))
+    queries = question_queries(model, tokens, sel)
+    checked = 0
+    for (il, g), qg in queries.items():
+        bound, exact = np.empty(N_SELECTABLE), np.empty(N_SELECTABLE)
+        for b in range(N_SELECTABLE):
+            k, _ = stored[(b, il, g)]
+            center, radius = f16_summary(k)
+            bound[b] = (qg @ center + np.abs(qg) @ radius).max()
+            exact[b] = (rounded(qg) @ k.T.astype(np.float64)).max()
+        order = np.argsort(-bound, kind="stable")
+        assert bound[order[candidates - 1]] - bound[order[candidates]] > 1e-3 * abs(bound[order[candidates - 1]])
+        score = np.full(N_SELECTABLE, -np.inf)
+        score[order[:candidates]] = exact[order[:candidates]]
+        top = np.sort(score)[::-1]
+        if top[M - 1] - top[M] > 1e-2 * abs(top[M - 1]):
+            assert_top_m(score, sel[il][g], (il, g))
+            checked += 1
+    assert checked >= len(queries) - 1, f"{checked} of {len(queries)} KV heads had a clear m-th block"
+
+
 @pytest.fixture(scope="module")
 def alibi_asked(tiny_mpt_model):
     """The same reading and question on the tiny MPT model (ALiBi): keys are never rotated, so the store takes them
@@ -365,10 +427,9 @@ def alibi_asked(tiny_mpt_model):
     llm = make_llm(path, memory_config())
     try:
         got = read_and_ask(llm, tokens)
-        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
+        sel = selection(llm, model)
         n_blocks = llm.memory_info()["n_blocks"]
-        stored = {(b, il, g): _read(llm, b, il, g) for b in range(n_blocks) for il in range(H0, model.n_layer)
-                  for g in range(model.n_head)}
+        stored = stored_blocks(llm, model, n_blocks, n_kv=model.n_head)
     finally:
         llm.close()
     return model, tokens, got, sel, stored
@@ -438,7 +499,7 @@ def test_quantized_k_cache(tmp_path):
         llm = make_llm(path, memory_config(), type_k=type_k, type_v=0)
         try:
             got = read_and_ask(llm, tokens)
-            sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
+            sel = selection(llm, model)
         finally:
             llm.close()
         ref = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0,
@@ -461,7 +522,7 @@ def test_fewer_blocks_than_m_are_all_selected(tiny):
     llm = make_llm(path, memory_config())
     try:
         got = read_and_ask(llm, tokens[:100], question=90)  # (90 - 4 - 32 + 1) // 32 = 1 block < m = 2
-        sel = {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
+        sel = selection(llm, model)
     finally:
         llm.close()
     assert all(((s >= 0).sum(axis=1) == 1).all() and (s[s >= 0] == 0).all() for s in sel.values()), sel

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 import llama_extrapolate as le
 from llama_extrapolate import native
-from llama_extrapolate.evaluate import setup_for
+from llama_extrapolate.evaluate import memory_config_name, setup_for
 from llama_extrapolate.resources import peak_rss_reset
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -45,15 +45,16 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=65536)
     ap.add_argument("--window", type=int, default=8192)
     ap.add_argument("--memory-blocks", type=int, default=64)
-    ap.add_argument("--memory-candidates", type=int, help="c, the candidates the exact q.k reranks (default 4m)")
+    ap.add_argument("--memory-candidates", type=int,
+                    help="c, the candidates the exact q.k reranks (default: the library's)")
     ap.add_argument("--answer-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-o", "--output", default=str(RESULTS / "memory_rss_phases.jsonl"))
     args = ap.parse_args(argv)
 
     model, info, tokens, question = essay_stream(args.tokens)
-    name = f"lambda+memory:m={args.memory_blocks}" + (f":c={args.memory_candidates}" if args.memory_candidates
-                                                       is not None else "")
+    name = memory_config_name(f"lambda+memory:m={args.memory_blocks}"
+                              + (f":c={args.memory_candidates}" if args.memory_candidates is not None else ""))
     st = setup_for(name, info, len(tokens) + len(question) + args.answer_tokens + 16, 512, window=args.window)
     peak_rss_reset()
     llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads,

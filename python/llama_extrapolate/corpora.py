@@ -40,7 +40,9 @@ def _fetch(archive: tuple, binary: bool) -> Path:
     path = cache / filename
     if not path.is_file():
         print(f"llama-extrapolate: fetching {name}=={version} into {cache} (once)", file=sys.stderr)
-        kind = ["--only-binary", ":all:"] if binary else ["--no-binary", ":all:"]
+        # an sdist for this package only: pip builds its metadata in an isolated environment whose build tools
+        # would otherwise be built from source too
+        kind = ["--only-binary", ":all:"] if binary else ["--no-binary", name]
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *kind, f"{name}=={version}", "-d", str(cache)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0 or not path.is_file():

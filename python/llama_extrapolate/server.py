@@ -66,7 +66,7 @@ class ExtrapolateModelSettings(ModelSettings):
     memory_block_size: Optional[int] = Field(default=None, ge=32, description="tokens per block (64)")
     memory_candidates: Optional[int] = Field(default=None, ge=0, description=(
         "blocks the bound proposes to each head, the memory_blocks with the largest exact q.k selected "
-        "(default 4 x memory_blocks; 0: the bound selects)"))
+        "(default 16 x memory_blocks; 0: the bound selects)"))
     memory_type: Optional[Literal["q8_0", "q4_0", "f16", "f32"]] = Field(
         default=None, description="how the memory stores keys and values (q8_0, f16 for heads not a multiple of 32)")
     memory_dir: Optional[str] = Field(default=None, description="directory of the memory's anonymous file "
