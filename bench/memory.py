@@ -157,10 +157,13 @@ def run_step(args) -> None:
     import numpy as np
     from tqdm import tqdm
 
-    model, info, tokens, question = essay_stream(args.tokens)
+    model, info, tokens, question = essay_stream(args.tokens + args.question_tokens)
+    if args.question_tokens:
+        # a long question: the essays' next tokens (the rerank's products grow with the question's queries)
+        tokens, question = tokens[:args.tokens], tokens[args.tokens:]
     m = args.memory_blocks
     out = {"tokens": len(tokens), "window": args.window, "capacity": args.capacity, "threads": args.threads,
-           "memory_blocks": m, "build": args.build, "configs": {}}
+           "memory_blocks": m, "build": args.build, "question_tokens": len(question), "configs": {}}
     for c in tqdm([int(x) for x in args.candidates.split(",")], desc="candidates"):
         name = memory_config_name(f"lambda+memory:m={m}:c={c}")
         st = setup_for(name, info, len(tokens) + len(question) + ANSWER_TOKENS, args.n_batch, window=args.window)
@@ -185,7 +188,8 @@ def run_step(args) -> None:
     runs = json.loads(path.read_text())["runs"] if path.exists() else []
 
     def key(run):
-        return run["build"], run["capacity"], run["window"], run["tokens"], run["memory_blocks"], run["threads"]
+        return (run["build"], run["capacity"], run["window"], run["tokens"], run["memory_blocks"], run["threads"],
+                run.get("question_tokens", 14))
 
     runs = [r for r in runs if key(r) != key(out)] + [out]
     path.write_text(json.dumps({"runs": runs}, indent=1))
@@ -222,6 +226,8 @@ def main(argv=None) -> int:
     t.add_argument("--capacity", type=int, default=131072, help="tokens the memory is opened for")
     t.add_argument("--memory-blocks", type=int, default=64)
     t.add_argument("--candidates", default="0,256,512,1024", help="the values of c to time")
+    t.add_argument("--question-tokens", type=int, default=0,
+                   help="ask the essays' next N tokens instead of the 14-token question")
     t.add_argument("--n-batch", type=int, default=512)
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--build", required=True, help="what is measured, e.g. the last patch applied (a run replaces the "

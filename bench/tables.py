@@ -533,10 +533,10 @@ def table_memory_step(r: Path) -> str:
     runs = d["runs"]
     cs = sorted({e["candidates"] for run in runs for e in run["configs"].values()})
     rows = []
-    for run in sorted(runs, key=lambda run: (run["window"], run["build"])):
+    for run in sorted(runs, key=lambda run: (run.get("question_tokens", 14), run["window"], run["build"])):
         by_c = {e["candidates"]: e for e in run["configs"].values()}
         rows.append([run["build"], f"{k(run['capacity'])}, W = {run['window']}, m = {run['memory_blocks']}, "
-                                   f"{k(run['tokens'])} read"]
+                                   f"{k(run['tokens'])} read, {run.get('question_tokens', 14)}-token question"]
                     + [f"{by_c[c]['question_s']:.2f} s / {by_c[c]['answer_step_ms']:.0f} ms" if c in by_c else DASH
                        for c in cs])
     return md(["built to", "memory opened for"] + [f"c = {c}" if c else "bound only" for c in cs], rows)
