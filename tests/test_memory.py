@@ -82,6 +82,15 @@ def selection(llm, model):
     return {il: llm.memory_selection(il) for il in range(H0, model.n_layer)}
 
 
+def ask_and_close(llm, model, tokens, n_blocks):
+    """Read and ask on llm, then close it: (its logits, its selection, the first n_blocks stored blocks)."""
+    try:
+        got = read_and_ask(llm, tokens)
+        return got, selection(llm, model), stored_blocks(llm, model, n_blocks)
+    finally:
+        llm.close()
+
+
 def stored_blocks(llm, model, n_blocks, n_kv=None):
     """The keys and values of blocks 0 .. n_blocks - 1 as the store holds them, by (block, layer >= h0, KV head)."""
     from llama_extrapolate import native
@@ -317,13 +326,26 @@ def test_the_bound_is_taken_a_slice_of_queries_at_a_time(tiny):
     n_blocks = 680_000 // B
     assert (2**22 // (n_blocks * model.n_head_kv)) < group * (N_TOKENS - QUESTION), "the bound must take >1 slice"
     llm = make_llm(path, memory_config(), memory_capacity=680_000, memory_type="f16")
-    try:
-        read_and_ask(llm, tokens)
-        sel = selection(llm, model)
-        stored = stored_blocks(llm, model, N_SELECTABLE)
-    finally:
-        llm.close()
+    _, sel, stored = ask_and_close(llm, model, tokens, N_SELECTABLE)
     check_selection(model, tokens, sel, stored)
+
+
+def reranked(qg, keys, candidates, rounded=lambda q: q):
+    """numpy's rerank of one KV head's selectable blocks (their stored keys): the bound of each, the c largest
+    proposed (by a margin float32 cannot cross, when c < all) and scored by their exact max q.k with the queries
+    rounded as the product rounds them, the others -INF. Returns (the blocks in the bound's order, the scores)."""
+    bound = np.empty(len(keys))
+    exact = np.empty(len(keys))
+    for b, k in enumerate(keys):
+        center, radius = f16_summary(k)
+        bound[b] = (qg @ center + np.abs(qg) @ radius).max()
+        exact[b] = (rounded(qg) @ k.T.astype(np.float64)).max()
+    order = np.argsort(-bound, kind="stable")
+    if candidates < len(keys):  # the candidates are well defined
+        assert bound[order[candidates - 1]] - bound[order[candidates]] > 1e-3 * abs(bound[order[candidates - 1]])
+    score = np.full(len(keys), -np.inf)
+    score[order[:candidates]] = exact[order[:candidates]]
+    return order, score
 
 
 @pytest.mark.parametrize("candidates", [4, 8])
@@ -335,26 +357,11 @@ def test_candidates_are_reranked_by_their_exact_scores(tiny, candidates):
     changes some selection here, and the logits equal the oracle's given the selection."""
     model, path, tokens = tiny
     llm = make_llm(path, memory_config(memory_candidates=candidates))
-    try:
-        got = read_and_ask(llm, tokens)
-        sel = selection(llm, model)
-        stored = stored_blocks(llm, model, N_SELECTABLE)
-    finally:
-        llm.close()
+    got, sel, stored = ask_and_close(llm, model, tokens, N_SELECTABLE)
     queries = question_queries(model, tokens)
     changed = 0
     for (il, g), qg in queries.items():
-        bound, exact = np.empty(N_SELECTABLE), np.empty(N_SELECTABLE)
-        for b in range(N_SELECTABLE):
-            k, _ = stored[(b, il, g)]
-            center, radius = f16_summary(k)
-            bound[b] = (qg @ center + np.abs(qg) @ radius).max()
-            exact[b] = (qg @ k.T.astype(np.float64)).max()
-        order = np.argsort(-bound, kind="stable")
-        if candidates < N_SELECTABLE:  # the candidates are well defined
-            assert bound[order[candidates - 1]] - bound[order[candidates]] > 1e-3 * abs(bound[order[candidates - 1]])
-        score = np.full(N_SELECTABLE, -np.inf)
-        score[order[:candidates]] = exact[order[:candidates]]
+        order, score = reranked(qg, [stored[(b, il, g)][0] for b in range(N_SELECTABLE)], candidates)
         assert_top_m(score, sel[il][g], (il, g))
         changed += set(sel[il][g].tolist()) != set(order[:M].tolist())
     assert changed > 0, "the exact scores must change some selection for the test to tell reranking from none"
@@ -391,26 +398,12 @@ def test_candidates_are_reranked_in_the_stores_type(tmp_path, memory_type):
     tokens = random_tokens(model, N_TOKENS, seed=2)
     candidates = 4
     llm = make_llm(path, memory_config(memory_candidates=candidates), memory_type=memory_type)
-    try:
-        read_and_ask(llm, tokens)
-        sel = selection(llm, model)
-        stored = stored_blocks(llm, model, N_SELECTABLE)
-    finally:
-        llm.close()
+    _, sel, stored = ask_and_close(llm, model, tokens, N_SELECTABLE)
     rounded = q8_0_rounded if memory_type == "q8_0" else (lambda q: q.astype(np.float16).astype(np.float64))
     queries = question_queries(model, tokens, sel)
     checked = 0
     for (il, g), qg in queries.items():
-        bound, exact = np.empty(N_SELECTABLE), np.empty(N_SELECTABLE)
-        for b in range(N_SELECTABLE):
-            k, _ = stored[(b, il, g)]
-            center, radius = f16_summary(k)
-            bound[b] = (qg @ center + np.abs(qg) @ radius).max()
-            exact[b] = (rounded(qg) @ k.T.astype(np.float64)).max()
-        order = np.argsort(-bound, kind="stable")
-        assert bound[order[candidates - 1]] - bound[order[candidates]] > 1e-3 * abs(bound[order[candidates - 1]])
-        score = np.full(N_SELECTABLE, -np.inf)
-        score[order[:candidates]] = exact[order[:candidates]]
+        _, score = reranked(qg, [stored[(b, il, g)][0] for b in range(N_SELECTABLE)], candidates, rounded)
         top = np.sort(score)[::-1]
         if top[M - 1] - top[M] > 1e-2 * abs(top[M - 1]):
             assert_top_m(score, sel[il][g], (il, g))
