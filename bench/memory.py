@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     t.add_argument("--n-batch", type=int, default=512)
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--build", required=True, help="what is measured, e.g. the last patch applied (a run replaces the "
-                   "entry of its build, capacity, window, tokens, m and threads)")
+                   "entry of its build, capacity, window, tokens, m, threads and question length)")
     args = p.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     {"retrieval": run_retrieval, "cost": run_cost, "step": run_step}[args.cmd](args)

@@ -389,7 +389,8 @@ def test_candidates_are_reranked_in_the_stores_type(tmp_path, memory_type):
     selection is numpy's top m of the same rounded products over the same candidates, in every layer >= h0 (the
     oracle's queries past h0 read the blocks the library selected before, from F32 keys where the library's are
     rounded). Where a query lies on a q8_0 rounding boundary numpy and ggml may round it a step apart, so a KV head
-    is compared where its m-th and (m+1)-th scores are further apart than such a step; all but one are here."""
+    is compared where its m-th and (m+1)-th scores are further apart than such a step (all six are here; one may
+    be left out)."""
     from tinymodel import TinyLlama
 
     model = TinyLlama(n_embd=128, n_layer=4)

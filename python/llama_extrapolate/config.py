@@ -41,8 +41,8 @@ DEFAULT_MEMORY_BLOCKS = 64
 # the bound proposes this many times m blocks, of which the m with the largest exact q.k are selected (patch 0026):
 # the bound alone lets blocks of scattered keys crowd the needle's block out as the document grows (the needle's
 # block selected by 63 and 53 of 75 layer/KV-head pairs at 16k and 32k tokens with m = 64, and both answers lost;
-# reranking 4m candidates: 73 and 64 pairs, both found). At 32k 4m still lose it: the needle in essays, one trial
-# per depth, 2 of 5 with 4m and 4 of 5 with 16m; a decode step with the memory opened for 128k tokens (W = 1024)
+# reranking 4m candidates: 73 and 64 pairs, both found). At 32k 4m still lose it: the needle in essays, two trials
+# per depth, 4 of 10 with 4m and 7 of 10 with 16m; a decode step with the memory opened for 128k tokens (W = 1024)
 # takes 113 ms with the bound alone, 144 ms with 4m and 232 ms with 16m since patch 0029 (docs/results.md)
 MEMORY_CANDIDATES_PER_BLOCK = 16
 MEMORY_TYPES = {"q8_0": 8, "q4_0": 2, "f16": 1, "f32": 0}  # name -> enum ggml_type
