@@ -55,6 +55,24 @@ def essay_stream(n_tokens: int):
     return model, info, tokens, question
 
 
+def ask_greedily(llm, question, n_answer: int, after_step=None):
+    """Decode the question, then n_answer greedy answer tokens, each its own decode step (each step selects and
+    reads its blocks anew, which is what the memory's answer costs); ``after_step()`` runs after each one.
+    Returns (question seconds, answer seconds, answer tokens)."""
+    from llama_extrapolate import native
+
+    t0 = time.perf_counter()
+    llm.eval(question)
+    question_s = time.perf_counter() - t0
+    t1, answer = time.perf_counter(), []
+    for _ in range(n_answer):
+        answer.append(native.greedy_next(llm))
+        llm.eval(answer[-1:])
+        if after_step is not None:
+            after_step()
+    return question_s, time.perf_counter() - t1, answer
+
+
 def run_retrieval(args) -> None:
     from llama_extrapolate import plots, tasks
     from llama_extrapolate.default_model import default_model_path
@@ -77,10 +95,8 @@ def run_retrieval(args) -> None:
 
 def run_cost(args) -> None:
     import llama_extrapolate as le
-    from llama_extrapolate import native
     from llama_extrapolate.evaluate import MEMORY_CONFIG, memory_config_name, memory_settings_of, setup_for
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
-    import numpy as np
     from tqdm import tqdm
 
     model, info, tokens, question = essay_stream(args.tokens)
@@ -116,15 +132,7 @@ def run_cost(args) -> None:
             read_s = time.perf_counter() - t0
             if st.top_k_question:
                 llm.set_top_k_active(True)
-            t1 = time.perf_counter()
-            llm.eval(question)
-            to_answer = time.perf_counter() - t1
-            # the answer's decode steps: each selects its blocks and reads them (and the window) once more
-            t2, answer = time.perf_counter(), []
-            for _ in range(ANSWER_TOKENS):
-                answer.append(int(np.argmax(native.last_logits(native.context_address(llm), llm.n_vocab()))))
-                llm.eval(answer[-1:])
-            answer_s = time.perf_counter() - t2
+            to_answer, answer_s, _ = ask_greedily(llm, question, ANSWER_TOKENS)
             entry = {"read_tok_s": len(tokens) / read_s, "question_s": to_answer,
                      "answer_tok_s": ANSWER_TOKENS / answer_s, "n_ctx": st.n_ctx, "peak_rss_bytes": peak_rss_bytes()}
             if st.attention.memory_blocks:
@@ -152,9 +160,7 @@ def run_step(args) -> None:
     (the bound scores every block the memory can hold and the rerank reads c blocks whatever the document's length,
     so a step costs what it costs at that length), then the question and ANSWER_TOKENS answer steps, for each c."""
     import llama_extrapolate as le
-    from llama_extrapolate import native
     from llama_extrapolate.evaluate import memory_config_name, setup_for
-    import numpy as np
     from tqdm import tqdm
 
     model, info, tokens, question = essay_stream(args.tokens + args.question_tokens)
@@ -172,13 +178,8 @@ def run_step(args) -> None:
         try:
             llm.eval(tokens)
             llm.set_top_k_active(True)
-            t1 = time.perf_counter()
-            llm.eval(question)
-            question_s = time.perf_counter() - t1
-            t2 = time.perf_counter()
-            for _ in range(ANSWER_TOKENS):
-                llm.eval([int(np.argmax(native.last_logits(native.context_address(llm), llm.n_vocab())))])
-            step_s = (time.perf_counter() - t2) / ANSWER_TOKENS
+            question_s, answer_s, _ = ask_greedily(llm, question, ANSWER_TOKENS)
+            step_s = answer_s / ANSWER_TOKENS
         finally:
             llm.close()
         out["configs"][name] = {"candidates": c, "question_s": question_s, "answer_step_ms": 1000 * step_s,

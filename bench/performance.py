@@ -105,21 +105,16 @@ def attention_for(name: str, window: int, sinks: int):
 def decode_speed(llm, n: int, repeats: int = 3) -> float:
     """Greedy decode of n tokens one at a time after the current stream, rolled back afterwards; the best of
     `repeats` tries (a burst of other load on a shared machine only ever slows a try down)."""
-    from llama_extrapolate import native
+    from llama_extrapolate.native import greedy_next
 
-    n_vocab = llm.n_vocab()
-
-    def next_token() -> int:
-        return int(np.argmax(native.last_logits(llm.ctx, n_vocab)))
-
-    start, first = llm.n_tokens, next_token()
+    start, first = llm.n_tokens, greedy_next(llm)
     best = 0.0
     for _ in range(repeats):
         t0 = time.perf_counter()
         tok = first
         for _ in range(n):
             llm.eval([tok])
-            tok = next_token()
+            tok = greedy_next(llm)
         best = max(best, n / (time.perf_counter() - t0))
         llm.n_tokens = start  # the next eval removes the decoded tokens (within the rollback margin)
     return best

@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
 import llama_extrapolate as le
@@ -71,7 +70,7 @@ def main(argv=None) -> int:
         phases["question"] = status()
         steps = []
         for _ in range(args.answer_tokens):
-            llm.eval([int(np.argmax(native.last_logits(native.context_address(llm), llm.n_vocab())))])
+            llm.eval([native.greedy_next(llm)])
             steps.append(status())
         phases["answer"] = steps
         row = dict(tokens=len(tokens), window=args.window, memory_blocks=args.memory_blocks,

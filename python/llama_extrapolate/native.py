@@ -313,6 +313,11 @@ def last_logits(ctx, n_vocab: int) -> np.ndarray:
     return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
 
 
+def greedy_next(llm: Any) -> int:
+    """The token greedy decoding takes after the last decode of ``llm`` (a Llama): the argmax of its last logits."""
+    return int(np.argmax(last_logits(llm.ctx, llm.n_vocab())))
+
+
 class Stream:
     """One sequence read chunk by chunk on a raw context from position 0, with llama.cpp's context shift
     when ``context_shift`` (n_keep) is set.
