@@ -127,3 +127,50 @@ def test_alibi_flash_attention_with_small_ceiling_is_exact(tiny_mpt):
     assert err < TOL, err
     effect = np.abs(forward_mpt(model, tokens, RefAttention(sinks=4, window=32), f16_cache=True) - ref).max()
     assert effect > 10 * TOL, effect
+
+
+def test_alibi_temperature_with_two_sequences_in_one_ubatch(tiny_mpt):
+    """A cache that is not unified keeps one stream per sequence, and a ubatch carrying both lays its logits out
+    [n_kv, n_tokens/2, n_head, 2]: the bias's m_h / tau must take that layout too (each sequence its own rows, and a
+    log-length temperature by each one's own positions), where it once failed ggml_mul's broadcast check."""
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig, native
+
+    model, path, tokens = tiny_mpt
+    other = random_tokens(model, len(tokens), seed=6)
+    per_head = np.random.default_rng(13).uniform(0.6, 1.4, size=(model.n_layer, model.n_head)).astype(np.float32)
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=32,
+                                                                       temperature=0.8), n_ctx=512, n_ubatch=64,
+                                  n_threads=2, verbose=False, type_k=0, type_v=0)
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 1024, 64, 64, 2
+    params.kv_unified, params.type_k, params.type_v = False, 0, 0
+    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    params.n_threads = params.n_threads_batch = 2
+    ctx = llama_cpp.llama_init_from_model(llm.model, params)
+    assert ctx, "could not create a two-sequence context"
+    batch = llama_cpp.llama_batch_init(64, 0, 1)
+    n_vocab, half = llm.n_vocab(), 32
+    got = [np.empty((len(tokens), n_vocab)), np.empty((len(other), n_vocab))]
+    try:
+        native.set_temperature(native.context_address(ctx), per_head, 32, [], np.zeros(0, dtype=np.float32))
+        for start in range(0, len(tokens), half):
+            n = len(tokens[start:start + half])
+            batch.n_tokens = 2 * n
+            for s, seq in enumerate((tokens, other)):  # both sequences' chunks in one ubatch
+                for i in range(n):
+                    j = s * n + i
+                    batch.token[j], batch.pos[j], batch.n_seq_id[j] = seq[start + i], start + i, 1
+                    batch.seq_id[j][0], batch.logits[j] = s, True
+            assert llama_cpp.llama_decode(ctx, batch) == 0
+            rows = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(2 * n, n_vocab))
+            got[0][start:start + n], got[1][start:start + n] = rows[:n], rows[n:]
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        llm.close()
+    cfg = RefAttention(sinks=4, window=32, ceiling=32, tau=per_head, log_length=32)
+    for seq, logits in zip((tokens, other), got):
+        err = np.abs(logits - forward_mpt(model, seq, cfg)).max()
+        assert err < TOL, err
