@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from reference import RefAttention, forward
-from conftest import random_tokens
+from conftest import random_tokens, two_sequence_context
 from tinymodel import TinyLlama
 
 N_TOKENS = 300
@@ -386,20 +386,6 @@ def test_flash_attention_is_exact_for_mask_and_temperature(tiny, case):
         check_f16(model, tokens, run(llm, tokens), ref_cfg, FLASH_WITHOUT[case], f"flash attention, {case}")
     finally:
         llm.close()
-
-
-def two_sequence_context(llm, n_batch):
-    """A raw context for two sequences in one unified F32 cache on llm's model (the Llama's own holds one)."""
-    import llama_cpp
-
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 512, n_batch, n_batch, 2
-    params.kv_unified, params.type_k, params.type_v = True, 0, 0
-    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    params.n_threads = params.n_threads_batch = 2
-    ctx = llama_cpp.llama_init_from_model(llm.model, params)
-    assert ctx, "could not create a two-sequence context"
-    return ctx
 
 
 @pytest.mark.parametrize("ceiling", [32, 16])

@@ -11,7 +11,7 @@ so whichever copy is picked the output is the same; its margin is not asserted.)
 import numpy as np
 import pytest
 
-from conftest import random_tokens
+from conftest import random_tokens, two_sequence_context
 from reference import RefAttention, TopKMargin, forward, forward_mpt
 
 N_TOKENS = 300
@@ -299,18 +299,21 @@ def test_library_refuses_bad_top_k_metadata_without_crashing(tiny, overrides):
         llama_cpp.Llama(str(path), n_ctx=256, verbose=False, kv_overrides=overrides)
 
 
+@pytest.mark.parametrize("ceiling", [32, 16])
 @pytest.mark.parametrize("scope, layer", [("question", 1), ("all", 1)])
-def test_long_stream_skips_hidden_cells_exactly(tiny, scope, layer):
+def test_long_stream_skips_hidden_cells_exactly(tiny, scope, layer, ceiling):
     """1200 tokens under a window of 32: the cache keeps ~1100 middle keys, whole 256-cell blocks of which no
     query of a ubatch sees; layers that select none (all while reading, layer 0 always) cut them out of the
-    view. Same output as the oracle, which never cuts anything."""
+    view. Same output as the oracle, which never cuts anything. With a ceiling below the window the ceiling's far
+    span (the sinks up to the keys at distances [C, W)) holds the hidden run: the view is not cut there."""
     from llama_extrapolate import AttentionConfig
     import llama_extrapolate
     from conftest import random_tokens
 
     model, path, _ = tiny
-    tokens = random_tokens(model, 1200, seed=9)  # selections with clear margins (> 1e-4) in both scopes
-    cfg = dict(LAMBDA, top_k=3, top_k_layer=layer, top_k_distance=16)
+    # selections with clear margins (> 1e-4) in both scopes
+    tokens = random_tokens(model, 1200, seed=9 if ceiling == 32 else 10)
+    cfg = dict(LAMBDA, ceiling=ceiling, top_k=3, top_k_layer=layer, top_k_distance=16)
     read = 1100 if scope == "question" else 0
     llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(**cfg, top_k_scope=scope), n_ctx=1536,
                                   n_batch=64, n_ubatch=64, n_threads=2, logits_all=True, verbose=False, type_k=0,
@@ -328,6 +331,50 @@ def test_long_stream_skips_hidden_cells_exactly(tiny, scope, layer):
     assert margin.gap > 1e-4
     err = np.abs(got - ref).max()
     assert err < TOL, f"{scope}: max |llama.cpp - oracle| = {err}"
+
+
+def test_long_stream_behind_another_sequence_is_exact(tiny):
+    """Another sequence starts halfway through this stream in a unified cache: its first tokens (sinks by their
+    positions, far from this stream's queries) sit amid the middle cells no query of this stream sees, so the
+    ceiling's far span crosses that run and the view is not cut there (it once aborted on a far cell found hidden).
+    Same output as the oracle of the stream alone."""
+    import llama_cpp
+    from llama_extrapolate import AttentionConfig
+    import llama_extrapolate
+
+    model, path, _ = tiny
+    tokens = random_tokens(model, 1200, seed=9)
+    cfg = dict(LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16)
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(**cfg, top_k_scope="all"), n_ctx=1536,
+                                  n_batch=64, n_ubatch=64, n_threads=2, verbose=False, type_k=0, type_v=0)
+    ctx = two_sequence_context(llm, 64, n_ctx=1536)
+    n_vocab = llm.n_vocab()
+    batch = llama_cpp.llama_batch_init(64, 0, 1)
+
+    def decode(chunk, seq, pos0, logits):
+        batch.n_tokens = len(chunk)
+        for i, t in enumerate(chunk):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos0 + i, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, logits
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+
+    try:
+        got = np.empty((len(tokens), n_vocab))
+        for start in range(0, len(tokens), 64):
+            if start == 576:
+                decode(tokens[::-1][:7], 1, 0, False)  # another sequence takes cells 576-582
+            chunk = tokens[start:start + 64]
+            decode(chunk, 0, start, True)
+            got[start:start + len(chunk)] = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx),
+                                                                   shape=(len(chunk), n_vocab))
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        llm.close()
+    ref, margin = reference(model, tokens, **cfg)
+    assert margin.gap > 1e-4
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"max |llama.cpp - oracle| = {err}"
 
 
 @pytest.mark.parametrize("top_k", [None, 2])
