@@ -287,6 +287,42 @@ def test_points_at_millions_of_tokens_read_back_as_set(tiny_llama):
         llm.close()
 
 
+def test_temperature_points_are_read_only_into_arrays_of_their_size(tiny_llama):
+    """llama_ext_get_temperature_points writes n_points lengths and n_points x n_layer x n_head values: asked with
+    another count than the schedule holds, it writes nothing and returns LLAMA_EXT_ERR_COUNT (-2), so a caller's
+    array too small for the schedule is never written past its end."""
+    import ctypes
+
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    model, path = tiny_llama
+    cfg = AttentionConfig(sinks=4, window=32, ceiling=32, temperature_schedule="points",
+                          temperature_points=((64, 1.0), (512, 0.9), (4096, 0.8)))
+    llm = llama_extrapolate.Llama(str(path), attention=cfg, n_ctx=512, n_batch=64, verbose=False)
+    lib = llama_cpp.llama_cpp._lib
+    fn = lib.llama_ext_get_temperature_points
+    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_float), ctypes.c_size_t]
+    fn.restype = ctypes.c_int32
+    per_point = model.n_layer * model.n_head
+    try:
+        ctx = llama_extrapolate.context_address(llm)
+        assert lib.llama_ext_get_temperature_n_points(ctypes.c_void_p(ctx)) == 3
+        for n in (0, 2, 4):
+            lengths = (ctypes.c_uint32 * 8)(*([7] * 8))
+            tau = (ctypes.c_float * (8 * per_point))(*([7.0] * (8 * per_point)))
+            assert fn(ctx, lengths, tau, n) == -2, n
+            assert list(lengths) == [7] * 8 and set(tau) == {7.0}, f"n_points={n}: written although refused"
+        lengths = (ctypes.c_uint32 * 3)()
+        tau = (ctypes.c_float * (3 * per_point))()
+        assert fn(ctx, lengths, tau, 3) == 0
+        assert list(lengths) == [64, 512, 4096]
+        assert np.allclose(np.ctypeslib.as_array(tau).reshape(3, per_point)[:, 0], [1.0, 0.9, 0.8])
+    finally:
+        llm.close()
+
+
 def test_from_profile_gives_a_length_or_a_schedule(tmp_path, tiny_llama):
     from llama_extrapolate import AttentionConfig
     from llama_extrapolate.profile import CalibrationProfile, file_sha256

@@ -48,6 +48,9 @@ def test_bins_match_the_reference_definition():
     from llama_extrapolate import stats
 
     assert np.array_equal(stats.bin_lower(), STAT_BIN_LOWER)
+    # every distance an int32 position difference takes has its bin, with no clamp: the last bin, [7·2^28, 8·2^28),
+    # ends at 2^31
+    assert stats.bin_lower()[-1] == 7 << 28 and (8 << 28) == 2**31
 
 
 CASES = {
