@@ -120,3 +120,37 @@ def two_sequence_context(llm, n_batch, n_ctx=512):
     ctx = llama_cpp.llama_init_from_model(llm.model, params)
     assert ctx, "could not create a two-sequence context"
     return ctx
+
+
+def read_behind_another_sequence(llm, tokens, other_at, n_ctx=512):
+    """Read tokens as sequence 0, 64 a time, on a two-sequence context of llm's model (llm closed after), another
+    sequence's 7 tokens decoded before the chunk starting at other_at (0: they take the first cells). Returns the
+    logits of every token of sequence 0."""
+    import llama_cpp
+    import numpy as np
+
+    ctx = two_sequence_context(llm, 64, n_ctx)
+    n_vocab = llm.n_vocab()
+    batch = llama_cpp.llama_batch_init(64, 0, 1)
+
+    def decode(chunk, seq, pos0, logits):
+        batch.n_tokens = len(chunk)
+        for i, t in enumerate(chunk):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos0 + i, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, logits
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+
+    try:
+        got = np.empty((len(tokens), n_vocab))
+        for start in range(0, len(tokens), 64):
+            if start == other_at:
+                decode(tokens[::-1][:7], 1, 0, False)
+            chunk = tokens[start:start + 64]
+            decode(chunk, 0, start, True)
+            got[start:start + len(chunk)] = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx),
+                                                                   shape=(len(chunk), n_vocab))
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        llm.close()
+    return got

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from reference import RefAttention, forward
-from conftest import random_tokens, two_sequence_context
+from conftest import random_tokens, read_behind_another_sequence, two_sequence_context
 from tinymodel import TinyLlama
 
 N_TOKENS = 300
@@ -393,35 +393,12 @@ def test_ceiling_with_far_cells_behind_another_sequence(tiny, ceiling):
     """The distance ceiling (patch 0003) scores only the span of cells that some query sees at distance >= C. Here another
     sequence holds the first cells of a unified cache, so the stream's sinks sit at cells 7-10 and the
     span starts with the other sequence's sinks, which the far mask must hide from this stream."""
-    import llama_cpp
     from llama_extrapolate import AttentionConfig
 
     model, path, tokens = tiny
     cfg = RefAttention(sinks=4, window=32, ceiling=ceiling)
     llm = make_llm(path, AttentionConfig(sinks=4, window=32, ceiling=ceiling))
-    ctx = two_sequence_context(llm, 64)
-    n_vocab = llm.n_vocab()
-    batch = llama_cpp.llama_batch_init(64, 0, 1)
-
-    def decode(chunk, seq, pos0, logits):
-        batch.n_tokens = len(chunk)
-        for i, t in enumerate(chunk):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos0 + i, 1
-            batch.seq_id[i][0], batch.logits[i] = seq, logits
-        assert llama_cpp.llama_decode(ctx, batch) == 0
-
-    try:
-        decode(tokens[::-1][:7], 1, 0, False)  # another sequence takes cells 0-6
-        got = np.empty((len(tokens), n_vocab))
-        for start in range(0, len(tokens), 64):
-            chunk = tokens[start:start + 64]
-            decode(chunk, 0, start, True)
-            got[start:start + len(chunk)] = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx),
-                                                                   shape=(len(chunk), n_vocab))
-    finally:
-        llama_cpp.llama_batch_free(batch)
-        llama_cpp.llama_free(ctx)
-        llm.close()
+    got = read_behind_another_sequence(llm, tokens, other_at=0)  # the other sequence takes cells 0-6
     check(got, forward(model, tokens, cfg), f"ceiling {ceiling}, sinks after another sequence's cells")
 
 

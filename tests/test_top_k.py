@@ -11,7 +11,7 @@ so whichever copy is picked the output is the same; its margin is not asserted.)
 import numpy as np
 import pytest
 
-from conftest import random_tokens, two_sequence_context
+from conftest import random_tokens, read_behind_another_sequence
 from reference import RefAttention, TopKMargin, forward, forward_mpt
 
 N_TOKENS = 300
@@ -334,11 +334,11 @@ def test_long_stream_skips_hidden_cells_exactly(tiny, scope, layer, ceiling):
 
 
 def test_long_stream_behind_another_sequence_is_exact(tiny):
-    """Another sequence starts halfway through this stream in a unified cache: its first tokens (sinks by their
-    positions, far from this stream's queries) sit amid the middle cells no query of this stream sees, so the
-    ceiling's far span crosses that run and the view is not cut there (it once aborted on a far cell found hidden).
+    """Another sequence starts halfway through this stream in a unified cache. Its first ubatch sees none of this
+    stream's 576 cells, a hidden run from the first cell (the cut left one part, a view the softmax refused as its
+    mask: an abort); after it, its first tokens (sinks by their positions, far from this stream's queries) sit
+    amid this stream's hidden middle, so the ceiling's far span crosses that run and the view is not cut there.
     Same output as the oracle of the stream alone."""
-    import llama_cpp
     from llama_extrapolate import AttentionConfig
     import llama_extrapolate
 
@@ -347,30 +347,7 @@ def test_long_stream_behind_another_sequence_is_exact(tiny):
     cfg = dict(LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16)
     llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(**cfg, top_k_scope="all"), n_ctx=1536,
                                   n_batch=64, n_ubatch=64, n_threads=2, verbose=False, type_k=0, type_v=0)
-    ctx = two_sequence_context(llm, 64, n_ctx=1536)
-    n_vocab = llm.n_vocab()
-    batch = llama_cpp.llama_batch_init(64, 0, 1)
-
-    def decode(chunk, seq, pos0, logits):
-        batch.n_tokens = len(chunk)
-        for i, t in enumerate(chunk):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos0 + i, 1
-            batch.seq_id[i][0], batch.logits[i] = seq, logits
-        assert llama_cpp.llama_decode(ctx, batch) == 0
-
-    try:
-        got = np.empty((len(tokens), n_vocab))
-        for start in range(0, len(tokens), 64):
-            if start == 576:
-                decode(tokens[::-1][:7], 1, 0, False)  # another sequence takes cells 576-582
-            chunk = tokens[start:start + 64]
-            decode(chunk, 0, start, True)
-            got[start:start + len(chunk)] = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx),
-                                                                   shape=(len(chunk), n_vocab))
-    finally:
-        llama_cpp.llama_batch_free(batch)
-        llama_cpp.llama_free(ctx)
-        llm.close()
+    got = read_behind_another_sequence(llm, tokens, other_at=576, n_ctx=1536)  # its cells: 576-582
     ref, margin = reference(model, tokens, **cfg)
     assert margin.gap > 1e-4
     err = np.abs(got - ref).max()
