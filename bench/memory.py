@@ -55,22 +55,18 @@ def essay_stream(n_tokens: int):
     return model, info, tokens, question
 
 
-def ask_greedily(llm, question, n_answer: int, after_step=None):
+def ask_greedily(llm, question, n_answer: int):
     """Decode the question, then n_answer greedy answer tokens, each its own decode step (each step selects and
-    reads its blocks anew, which is what the memory's answer costs); ``after_step()`` runs after each one.
-    Returns (question seconds, answer seconds, answer tokens)."""
+    reads its blocks anew, which is what the memory's answer costs). Returns (question seconds, answer seconds)."""
     from llama_extrapolate import native
 
     t0 = time.perf_counter()
     llm.eval(question)
     question_s = time.perf_counter() - t0
-    t1, answer = time.perf_counter(), []
+    t1 = time.perf_counter()
     for _ in range(n_answer):
-        answer.append(native.greedy_next(llm))
-        llm.eval(answer[-1:])
-        if after_step is not None:
-            after_step()
-    return question_s, time.perf_counter() - t1, answer
+        llm.eval([native.greedy_next(llm)])
+    return question_s, time.perf_counter() - t1
 
 
 def run_retrieval(args) -> None:
@@ -132,7 +128,7 @@ def run_cost(args) -> None:
             read_s = time.perf_counter() - t0
             if st.top_k_question:
                 llm.set_top_k_active(True)
-            to_answer, answer_s, _ = ask_greedily(llm, question, ANSWER_TOKENS)
+            to_answer, answer_s = ask_greedily(llm, question, ANSWER_TOKENS)
             entry = {"read_tok_s": len(tokens) / read_s, "question_s": to_answer,
                      "answer_tok_s": ANSWER_TOKENS / answer_s, "n_ctx": st.n_ctx, "peak_rss_bytes": peak_rss_bytes()}
             if st.attention.memory_blocks:
@@ -178,7 +174,7 @@ def run_step(args) -> None:
         try:
             llm.eval(tokens)
             llm.set_top_k_active(True)
-            question_s, answer_s, _ = ask_greedily(llm, question, ANSWER_TOKENS)
+            question_s, answer_s = ask_greedily(llm, question, ANSWER_TOKENS)
             step_s = answer_s / ANSWER_TOKENS
         finally:
             llm.close()

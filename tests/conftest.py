@@ -108,13 +108,14 @@ def random_tokens(model, n, seed):
     return np.random.default_rng(seed).integers(3, model.n_vocab, size=n).tolist()
 
 
-def two_sequence_context(llm, n_batch, n_ctx=512):
-    """A raw context for two sequences in one unified F32 cache on llm's model (the Llama's own holds one)."""
+def two_sequence_context(llm, n_batch, n_ctx=512, unified=True):
+    """A raw context for two sequences in one F32 cache on llm's model (the Llama's own holds one): unified, or one
+    stream per sequence."""
     import llama_cpp
 
     params = llama_cpp.llama_context_default_params()
     params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, n_batch, n_batch, 2
-    params.kv_unified, params.type_k, params.type_v = True, 0, 0
+    params.kv_unified, params.type_k, params.type_v = unified, 0, 0
     params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
     params.n_threads = params.n_threads_batch = 2
     ctx = llama_cpp.llama_init_from_model(llm.model, params)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from reference import RefAttention, forward_mpt
-from conftest import random_tokens
+from conftest import random_tokens, two_sequence_context
 
 TOL = 1e-2
 
@@ -143,13 +143,7 @@ def test_alibi_temperature_with_two_sequences_in_one_ubatch(tiny_mpt):
     llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=32,
                                                                        temperature=0.8), n_ctx=512, n_ubatch=64,
                                   n_threads=2, verbose=False, type_k=0, type_v=0)
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 1024, 64, 64, 2
-    params.kv_unified, params.type_k, params.type_v = False, 0, 0
-    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    params.n_threads = params.n_threads_batch = 2
-    ctx = llama_cpp.llama_init_from_model(llm.model, params)
-    assert ctx, "could not create a two-sequence context"
+    ctx = two_sequence_context(llm, 64, n_ctx=1024, unified=False)
     batch = llama_cpp.llama_batch_init(64, 0, 1)
     n_vocab, half = llm.n_vocab(), 32
     got = [np.empty((len(tokens), n_vocab)), np.empty((len(other), n_vocab))]
