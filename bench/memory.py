@@ -100,7 +100,7 @@ def run_cost(args) -> None:
         raise SystemExit("--memory-candidates needs --memory-blocks (the m they are chosen for)")
     memory_name = memory_config_name(MEMORY_CONFIG + (f":m={args.memory_blocks}" if args.memory_blocks else "")
                                      + (f":c={args.memory_candidates}" if args.memory_candidates is not None else ""))
-    m, c = memory_settings_of(memory_name)
+    m, c, _ = memory_settings_of(memory_name)
     out = {"tokens": len(tokens), "window": args.window, "threads": args.threads, "memory_blocks": m,
            "memory_candidates": c, "configs": {}}
     path = RESULTS / "memory_cost.json"

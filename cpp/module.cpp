@@ -127,6 +127,7 @@ py::dict model_attention(std::uintptr_t model_address) {
     d["n_memory_blocks"]        = p.n_memory_blocks;
     d["n_memory_block_size"]    = p.n_memory_block_size;
     d["n_memory_candidates"]    = p.n_memory_candidates;
+    d["memory_per_layer"]       = p.memory_per_layer;
     return d;
 }
 

@@ -140,7 +140,7 @@ def test_metadata_keys_reach_llama_cpp_through_kv_overrides(tiny):
         assert got == {"n_sink": 3, "n_window": 40, "n_ceiling": 0, "n_rollback": 0, "temperature": pytest.approx(0.9),
                        "temperature_log_length": 50, "n_top_k": 2, "n_top_k_layer": 1, "n_top_k_distance": 20,
                        "n_memory_blocks": 0, "n_memory_block_size": 64,
-                       "n_memory_candidates": 0}
+                       "n_memory_candidates": 0, "memory_per_layer": False}
         assert llama_extrapolate._core.get_top_k(llama_extrapolate.context_address(llm)) == (2, 1, 20)
         tau, log_length = llama_extrapolate._core.get_temperature(llama_extrapolate.context_address(llm))
         assert np.allclose(tau, 0.9) and log_length == 50

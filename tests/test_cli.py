@@ -112,6 +112,16 @@ def test_run_refuses_n_ctx_where_it_has_no_effect(capsys, tmp_path):
     assert "n_ctx=10 has no effect with window=64" in err
 
 
+@pytest.mark.parametrize("flag, value", [("--memory-selection", "layer"), ("--memory-candidates", "256")])
+def test_run_refuses_memory_options_without_the_memory(capsys, tmp_path, flag, value):
+    from llama_extrapolate import cli
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("A short document.\n")
+    assert cli.main(["run", "--file", str(doc), "--prompt", "x", "--memory-blocks", "0", flag, value]) == 2
+    assert f"{flag} {value} without the document memory" in capsys.readouterr().err
+
+
 def test_shared_options_are_declared_once():
     """Each shared option has one definition: the same help text in every command that takes it (calibrate's
     --corpus is its own: it reads only the essays)."""

@@ -166,6 +166,14 @@ def test_memory_configurations_name_their_blocks(info, capsys):
     for bad in ("lambda+memory:m=0", "lambda+memory:m=x", "lambda+memory:m="):
         with pytest.raises(ValueError, match=r"m must be a whole number >= 1, as in lambda\+memory:m=64"):
             setup_for(bad, info, 20_000, 512)
+    # ":layer": the KV heads of a layer select the same blocks (patch 0033)
+    layer = setup_for("lambda+memory:m=16:c=0:layer", info, 20_000, 512, window=1024)
+    assert layer.attention.resolve(info).memory_selection == "layer" and base.attention.memory_selection == "head"
+    assert memory_config_name("lambda+memory:layer") == f"lambda+memory:m={DEFAULT_MEMORY_BLOCKS}:c={c}:layer"
+    assert memory_config_name("lambda+memory:m=16:layer") == f"lambda+memory:m=16:c={16 * MEMORY_CANDIDATES_PER_BLOCK}:layer"
+    kv = layer.attention.resolve(info).kv_overrides("llama")
+    assert kv["llama.attention.lambda.memory_per_layer"] is True
+    assert base.attention.resolve(info).kv_overrides("llama")["llama.attention.lambda.memory_per_layer"] is False
     assert cli.main(["nll", "--configs", "lambda,lambda+memory:m=64", "--tokens", "64", "-o", "/dev/null"]) == 2
     assert "--configs lambda+memory:m=64: its middle keys are switched on" in capsys.readouterr().err
 

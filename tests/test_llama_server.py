@@ -80,6 +80,10 @@ def test_command_line_carries_the_settings(binary):
     # the bounded cache (sinks, window, rollback, ubatch, the block at the window's edge), not the document; the
     # memory's selected blocks are in the graph (patch 0023)
     assert int(args[args.index("-c") + 1]) == 10 + WINDOW + 256 + 512 + 64 < CAPACITY
+    assert "llama.attention.lambda.memory_per_layer=bool:false" in joined
+    layer = " ".join(llama_server_args(ExtrapolateSettings(window=WINDOW, memory_capacity=CAPACITY, n_threads=2,
+                                                           memory_selection="layer")))
+    assert "llama.attention.lambda.memory_per_layer=bool:true" in layer
     with pytest.raises(ValueError, match="sinks=500 > window=100"):
         llama_server_args(ExtrapolateSettings(window=100, sinks=500))
 
@@ -124,7 +128,8 @@ TINY_MEMORY = dict(TINY_LAMBDA, top_k_layer=1, memory_blocks=4, memory_block_siz
                    memory_capacity=2048, question_tokens=16)
 
 
-@pytest.mark.parametrize("settings", [TINY_LAMBDA, TINY_MEMORY], ids=["lambda", "memory"])
+@pytest.mark.parametrize("settings", [TINY_LAMBDA, TINY_MEMORY, dict(TINY_MEMORY, memory_selection="layer")],
+                         ids=["lambda", "memory", "memory-per-layer"])
 def test_a_stream_read_on_is_re_based_as_the_library_does(binary, tiny_llama, tmp_path, settings):
     """A 701-token prompt, then the same prompt one token longer twice (the server reads the new token from its
     cached stream): the log-probabilities at each step equal llama_extrapolate.Llama's within float rounding. The

@@ -300,15 +300,17 @@ def check_selection(model, tokens, sel, stored, neighbour=False):
     n_sel = N_SELECTABLE
     for il in range(H0, model.n_layer):
         for g in range(model.n_head_kv):
-            qg = queries[(il, g)]
-            bound = []
-            for b in range(n_sel):
-                k, _ = stored[(b, il, g)]
-                center, radius = f16_summary(k)
-                bound.append((qg @ center + np.abs(qg) @ radius).max())
-                # still a bound of q.k over the block's keys, after the F16 rounding
-                assert ((qg @ center + np.abs(qg) @ radius)[:, None] >= qg @ k.T.astype(np.float64) - 1e-9).all()
+            bound = [block_bound(queries[(il, g)], stored[(b, il, g)][0]) for b in range(n_sel)]
             assert_top_m(np.asarray(bound), sel[il][g], (il, g), neighbour)
+
+
+def block_bound(qg, k):
+    """Quest's bound of a block with keys k for the queries qg: the max over them of q.center + |q|.radius with the
+    F16 summaries the library keeps (checked to still bound q.k after the rounding)."""
+    center, radius = f16_summary(k)
+    bound = qg @ center + np.abs(qg) @ radius
+    assert (bound[:, None] >= qg @ k.T.astype(np.float64) - 1e-9).all()
+    return bound.max()
 
 
 def test_selection_equals_an_exhaustive_bound(tiny, asked):
@@ -334,16 +336,18 @@ def reranked(qg, keys, candidates, rounded=lambda q: q):
     """numpy's rerank of one KV head's selectable blocks (their stored keys): the bound of each, the c largest
     proposed (by a margin float32 cannot cross, when c < all) and scored by their exact max q.k with the queries
     rounded as the product rounds them, the others -INF. Returns (the blocks in the bound's order, the scores)."""
-    bound = np.empty(len(keys))
-    exact = np.empty(len(keys))
-    for b, k in enumerate(keys):
-        center, radius = f16_summary(k)
-        bound[b] = (qg @ center + np.abs(qg) @ radius).max()
-        exact[b] = (rounded(qg) @ k.T.astype(np.float64)).max()
+    bound = np.array([block_bound(qg, k) for k in keys])
+    exact = np.array([(rounded(qg) @ k.T.astype(np.float64)).max() for k in keys])
+    return rerank_of(bound, exact, candidates)
+
+
+def rerank_of(bound, exact, candidates, defined=True):
+    """The c blocks with the largest bounds take their exact scores, the others -INF: (the bound's order, scores);
+    with ``defined`` the c-th bound must stand clear of the next (else float32 could propose other candidates)."""
     order = np.argsort(-bound, kind="stable")
-    if candidates < len(keys):  # the candidates are well defined
+    if defined and candidates < len(bound):
         assert bound[order[candidates - 1]] - bound[order[candidates]] > 1e-3 * abs(bound[order[candidates - 1]])
-    score = np.full(len(keys), -np.inf)
+    score = np.full(len(bound), -np.inf)
     score[order[:candidates]] = exact[order[:candidates]]
     return order, score
 
@@ -365,6 +369,40 @@ def test_candidates_are_reranked_by_their_exact_scores(tiny, candidates):
         assert_top_m(score, sel[il][g], (il, g))
         changed += set(sel[il][g].tolist()) != set(order[:M].tolist())
     assert changed > 0, "the exact scores must change some selection for the test to tell reranking from none"
+    ref = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0,
+                                              top_k_distance=D, top_k_from=QUESTION, memory_blocks=sel,
+                                              memory_block=B))
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"max |llama.cpp - oracle| = {err}"
+
+
+@pytest.mark.parametrize("candidates", [0, 4])
+def test_layer_selection_equals_the_layers_exhaustive_scores(tiny, candidates):
+    """memory_selection="layer" (patch 0033): the KV heads of a layer select the same m blocks, by each block's
+    largest score over the layer's heads: the bound (c = 0), or the exact q.k of the c blocks with the largest
+    such bounds (c = 4 of the 6 selectable). Checked against numpy's bound and products for every block and KV
+    head (the oracle's queries at D, given the blocks the layers before selected); the heads' own top m differ
+    somewhere, so the test tells the layer's rule from the heads'; the logits equal the oracle's given the
+    selection."""
+    model, path, tokens = tiny
+    llm = make_llm(path, memory_config(memory_candidates=candidates, memory_selection="layer"))
+    got, sel, stored = ask_and_close(llm, model, tokens, N_SELECTABLE)
+    queries = question_queries(model, tokens, sel)
+    heads_differ = 0
+    for il in range(H0, model.n_layer):
+        keys = [[stored[(b, il, g)][0] for b in range(N_SELECTABLE)] for g in range(model.n_head_kv)]
+        bound = np.array([[block_bound(queries[(il, g)], k) for k in keys[g]] for g in range(model.n_head_kv)])
+        exact = np.array([[(queries[(il, g)] @ k.T.astype(np.float64)).max() for k in keys[g]]
+                          for g in range(model.n_head_kv)])
+        score = bound.max(0) if candidates == 0 else rerank_of(bound.max(0), exact.max(0), candidates)[1]
+        for g in range(model.n_head_kv):
+            assert set(sel[il][g].tolist()) == set(sel[il][0].tolist()), (il, sel[il])
+        assert_top_m(score, sel[il][0], il)
+        own = bound if candidates == 0 else np.array([rerank_of(bound[g], exact[g], candidates, defined=False)[1]
+                                                      for g in range(model.n_head_kv)])
+        heads_differ += any(set(np.argsort(-own[g], kind="stable")[:M].tolist()) != set(sel[il][0].tolist())
+                            for g in range(model.n_head_kv))
+    assert heads_differ > 0, "some KV head must select other blocks on its own for the test to tell the rules apart"
     ref = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0,
                                               top_k_distance=D, top_k_from=QUESTION, memory_blocks=sel,
                                               memory_block=B))
@@ -541,6 +579,9 @@ def test_fewer_blocks_than_m_are_all_selected(tiny):
     (dict(memory_block_size=48), "multiple of 32"),
     (dict(memory_candidates=M), f"memory_candidates={M} <= memory_blocks={M}"),
     (dict(memory_blocks=0, memory_candidates=8), "memory_candidates=8 with memory_blocks=0"),
+    (dict(memory_selection="kv"), "memory_selection='kv': use 'head'"),
+    (dict(memory_blocks=0, memory_candidates=None, memory_selection="layer"),
+     "memory_selection='layer' with memory_blocks=0"),
 ])
 def test_bad_memory_settings_are_named(kw, words):
     with pytest.raises(ValueError, match=words):
@@ -550,6 +591,7 @@ def test_bad_memory_settings_are_named(kw, words):
 @pytest.mark.parametrize("overrides", [
     {"llama.attention.lambda.memory_candidates": 2},  # no memory
     {"llama.attention.lambda.memory_blocks": 2, "llama.attention.lambda.memory_candidates": 2},  # not more than m
+    {"llama.attention.lambda.memory_per_layer": True},  # no memory
 ])
 def test_library_refuses_bad_memory_metadata_without_crashing(tiny, overrides):
     """Through plain llama_cpp (no Python checks) the model loader refuses: an exception, not a crash."""

@@ -175,6 +175,12 @@ def _attention_from_args(args: argparse.Namespace, info):
             overrides.update(memory_block_size=args.memory_block_size)
         if getattr(args, "memory_candidates", None) is not None:
             overrides.update(memory_candidates=args.memory_candidates)
+        if getattr(args, "memory_selection", None) is not None:
+            overrides.update(memory_selection=args.memory_selection)
+    elif (flag := next((f for f in ("memory_candidates", "memory_selection", "memory_block_size")
+                        if getattr(args, f, None) is not None), None)) is not None:
+        raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)} without the document memory: it says how "
+                         "the memory selects its blocks; drop it or set --memory-blocks M (e.g. 64)")
     elif getattr(args, "top_k", None):
         # the document is read with the Lambda mask, the question and the answer add the middle keys
         overrides.update(top_k=args.top_k, top_k_layer=args.top_k_layer, top_k_distance=args.top_k_distance,
@@ -478,6 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--memory-candidates", type=int,
                    help=f"blocks Quest's bound proposes to each head, of which the M with the largest exact q.k are "
                         f"selected (default {MEMORY_CANDIDATES_PER_BLOCK}*M; 0: the bound selects them)")
+    r.add_argument("--memory-selection", choices=["head", "layer"],
+                   help="who selects the blocks: each KV head its own (head, the default) or the layer, whose KV "
+                        "heads then read the same blocks (a block's score is its largest over them)")
     r.add_argument("--memory-file", help="the memory's file (default: an anonymous temporary file)")
     r.add_argument("--keep-memory", action="store_true", help="keep --memory-file after the run")
     r.add_argument("--memory-type", choices=["q8_0", "q4_0", "f16", "f32"],

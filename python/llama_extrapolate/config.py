@@ -30,6 +30,9 @@ DEFAULT_ROLLBACK = 256
 # LM-Infinite's choice for Llama-2 (Appendix A.3, picked on held-out passkey retrieval): k = 5 keys from layer 5 on
 DEFAULT_TOP_K_LAYER = 5
 TOP_K_SCOPES = ("all", "question")
+# how the document memory's blocks are selected: by each KV head for itself, or by the layer (a block's score is its
+# largest over the layer's KV heads, and every head reads the same blocks)
+MEMORY_SELECTIONS = ("head", "layer")
 # the document memory: blocks of 64 tokens (docs/document-memory-study.md: Quest's bound at B = 64 finds 0.87 of the
 # exhaustive top-5 keys with m = 16 blocks per KV head), stored as q8_0
 DEFAULT_MEMORY_BLOCK = 64
@@ -83,6 +86,7 @@ class ResolvedAttention:
     memory_blocks: int = 0  # document memory: blocks each KV head selects (0 = off)
     memory_block_size: int = DEFAULT_MEMORY_BLOCK
     memory_candidates: int = 0  # blocks the bound proposes, of which the exact q.k selects m (0 = the bound selects)
+    memory_selection: str = "head"  # one of MEMORY_SELECTIONS
 
     @property
     def memory(self) -> bool:
@@ -129,6 +133,7 @@ class ResolvedAttention:
             out[f"{a}.lambda.memory_blocks"] = int(self.memory_blocks)
             out[f"{a}.lambda.memory_block_size"] = int(self.memory_block_size)
             out[f"{a}.lambda.memory_candidates"] = int(self.memory_candidates)
+            out[f"{a}.lambda.memory_per_layer"] = self.memory_selection == "layer"
         if temperature:
             out[f"{a}.softmax_temperature.log_length"] = int(self.log_length)
             uniform = self.temperature.flat[0]
@@ -209,11 +214,18 @@ class AttentionConfig:
     memory_blocks: int = 0
     memory_block_size: int = DEFAULT_MEMORY_BLOCK
     memory_candidates: Optional[int] = None  # None: MEMORY_CANDIDATES_PER_BLOCK * memory_blocks; 0: the bound selects
+    memory_selection: str = "head"
 
     def __post_init__(self) -> None:
         _check_count("memory_blocks", self.memory_blocks, allow_none=False)
         _check_count("memory_block_size", self.memory_block_size, allow_none=False)
         _check_count("memory_candidates", self.memory_candidates)
+        if self.memory_selection not in MEMORY_SELECTIONS:
+            raise ValueError(f"memory_selection={self.memory_selection!r}: use 'head' (each KV head selects its "
+                             "blocks) or 'layer' (the KV heads of a layer select the same blocks)")
+        if self.memory_selection != "head" and self.memory_blocks == 0:
+            raise ValueError(f"memory_selection={self.memory_selection!r} with memory_blocks=0: it says how the "
+                             "document memory's blocks are selected; set memory_blocks (e.g. 64) or drop it")
         if self.memory_candidates and self.memory_blocks == 0:
             raise ValueError(f"memory_candidates={self.memory_candidates} with memory_blocks=0: the candidates are "
                              "blocks of the document memory; set memory_blocks (e.g. 64) or drop memory_candidates")
@@ -424,7 +436,8 @@ class AttentionConfig:
                                      top_k=top_k, top_k_layer=top_k_layer, top_k_distance=top_k_distance,
                                      top_k_scope=self.top_k_scope, memory_blocks=int(self.memory_blocks),
                                      memory_block_size=int(self.memory_block_size),
-                                     memory_candidates=self.resolved_memory_candidates())
+                                     memory_candidates=self.resolved_memory_candidates(),
+                                     memory_selection=self.memory_selection)
         if resolved.memory and info.position_encoding not in MEMORY_POSITION_ENCODINGS:
             raise ValueError(f"memory_blocks={self.memory_blocks}: the document memory scores its keys at a bounded "
                              f"distance through RoPE or ALiBi; {info.architecture} uses {info.position_encoding}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import llama_cpp
 import numpy as np
@@ -187,23 +187,40 @@ MEMORY_CONFIG = "lambda+memory"
 PROFILE_CONFIG_PREFIX = "profile="
 
 
+# a memory configuration whose KV heads of a layer select the same blocks ends with this ("lambda+memory:layer",
+# "lambda+memory:m=64:c=1024:layer"); without it each KV head selects its own
+MEMORY_LAYER_SUFFIX = ":layer"
+
+
+class MemorySettings(NamedTuple):
+    blocks: int  # m
+    candidates: int  # c (0: the bound selects)
+    selection: str = "head"  # see config.MEMORY_SELECTIONS
+
+
 def memory_config_name(name: str) -> str:
     """The name results are stored under: a memory configuration with its m and candidates c ("lambda+memory" is
     the default's, which has changed, so a stored "lambda+memory" would not say what it ran with; results from
-    before the candidates, patch 0026, are "lambda+memory:m=N" and selected by the bound alone); any other name as
-    it is."""
+    before the candidates, patch 0026, are "lambda+memory:m=N" and selected by the bound alone), and ":layer" when
+    the layer selects; any other name as it is."""
     settings = memory_settings_of(name)
-    return name if settings is None else f"{MEMORY_CONFIG}:m={settings[0]}:c={settings[1]}"
+    if settings is None:
+        return name
+    return (f"{MEMORY_CONFIG}:m={settings.blocks}:c={settings.candidates}"
+            + (MEMORY_LAYER_SUFFIX if settings.selection == "layer" else ""))
 
 
-def memory_settings_of(name: str) -> Optional[Tuple[int, int]]:
-    """(m, c) of a document-memory configuration name: "lambda+memory", "lambda+memory:m=N" or
-    "lambda+memory:m=N:c=C" (c candidates, 0 = the bound selects; by default MEMORY_CANDIDATES_PER_BLOCK * m);
-    None for any other name."""
+def memory_settings_of(name: str) -> Optional[MemorySettings]:
+    """(m, c, selection) of a document-memory configuration name: "lambda+memory", "lambda+memory:m=N" or
+    "lambda+memory:m=N:c=C" (c candidates, 0 = the bound selects; by default MEMORY_CANDIDATES_PER_BLOCK * m),
+    each with ":layer" after it for the layer's selection; None for any other name."""
     from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
 
+    selection = "head"
+    if name.startswith(MEMORY_CONFIG) and name.endswith(MEMORY_LAYER_SUFFIX):
+        name, selection = name[:-len(MEMORY_LAYER_SUFFIX)], "layer"
     if name == MEMORY_CONFIG:
-        return DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS
+        return MemorySettings(DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS, selection)
     prefix = MEMORY_CONFIG + ":m="
     if not name.startswith(prefix):
         return None
@@ -211,17 +228,17 @@ def memory_settings_of(name: str) -> Optional[Tuple[int, int]]:
     if not m.isdigit() or int(m) < 1:
         raise ValueError(f"configuration {name!r}: m must be a whole number >= 1, as in {prefix}64")
     if not c:
-        return int(m), MEMORY_CANDIDATES_PER_BLOCK * int(m)
+        return MemorySettings(int(m), MEMORY_CANDIDATES_PER_BLOCK * int(m), selection)
     if not c.isdigit() or (int(c) != 0 and int(c) <= int(m)):
         raise ValueError(f"configuration {name!r}: c must be 0 (the bound selects) or a whole number > m, as in "
                          f"{prefix}{m}:c={MEMORY_CANDIDATES_PER_BLOCK * int(m)}")
-    return int(m), int(c)
+    return MemorySettings(int(m), int(c), selection)
 
 
 def memory_blocks_of(name: str) -> Optional[int]:
     """The m of a document-memory configuration name (see memory_settings_of), None for any other."""
     settings = memory_settings_of(name)
-    return None if settings is None else settings[0]
+    return None if settings is None else settings.blocks
 
 
 @dataclass
@@ -299,7 +316,8 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, full)
     elif (memory := memory_settings_of(name)) is not None:
-        cfg = replace(lam, top_k=5, top_k_scope="question", memory_blocks=memory[0], memory_candidates=memory[1],
+        cfg = replace(lam, top_k=5, top_k_scope="question", memory_blocks=memory.blocks,
+                      memory_candidates=memory.candidates, memory_selection=memory.selection,
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, cfg.resolve(info).required_n_ctx(n_batch, stream=n_tokens),
                          memory_capacity=n_tokens + n_batch)

@@ -113,8 +113,8 @@ class Llama(llama_cpp.Llama):
         if (loaded["n_sink"], loaded["n_window"], loaded["n_ceiling"], loaded["n_rollback"], loaded["n_top_k"]) != (
                     expected.sinks, expected.window, expected.ceiling, expected.rollback, expected.top_k) or (expected.top_k > 0 and (loaded["n_top_k_layer"], loaded["n_top_k_distance"])
                                         != (expected.top_k_layer, expected.top_k_distance)) or (
-                    (loaded["n_memory_blocks"], loaded["n_memory_candidates"]) != (expected.memory_blocks,
-                                                                                   expected.memory_candidates)) or (
+                    (loaded["n_memory_blocks"], loaded["n_memory_candidates"], loaded["memory_per_layer"]) != (
+                        expected.memory_blocks, expected.memory_candidates, expected.memory_selection == "layer")) or (
                     expected.memory and loaded["n_memory_block_size"] != expected.memory_block_size):
             raise RuntimeError(f"the library was loaded with {loaded}, not with {expected}: the overrides did not apply")
         # per-layer / per-head values and points (metadata carries only one number) go through the C API

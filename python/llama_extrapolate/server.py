@@ -67,6 +67,8 @@ class ExtrapolateModelSettings(ModelSettings):
     memory_candidates: Optional[int] = Field(default=None, ge=0, description=(
         "blocks the bound proposes to each head, the memory_blocks with the largest exact q.k selected "
         "(default 16 x memory_blocks; 0: the bound selects)"))
+    memory_selection: Optional[Literal["head", "layer"]] = Field(default=None, description=(
+        "who selects the memory's blocks: each KV head its own (head, the default) or the layer for all its heads"))
     memory_type: Optional[Literal["q8_0", "q4_0", "f16", "f32"]] = Field(
         default=None, description="how the memory stores keys and values (q8_0, f16 for heads not a multiple of 32)")
     memory_dir: Optional[str] = Field(default=None, description="directory of the memory's anonymous file "
@@ -107,7 +109,7 @@ def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
     info = read_model_info(model)
     args = argparse.Namespace(**{k: getattr(settings, k) for k in (
         "window", "sinks", "ceiling", "top_k", "top_k_layer", "top_k_distance", "memory_blocks", "memory_block_size",
-        "memory_candidates", "profile", "profile_mode")})
+        "memory_candidates", "memory_selection", "profile", "profile_mode")})
     cli._default_memory(args, info)
     attention = cli._attention_from_args(args, info)
     resolved = attention.resolve(info)
@@ -381,7 +383,7 @@ def llama_server_args(settings: ExtrapolateSettings) -> List[str]:
     if settings.api_key:
         args += ["--api-key", settings.api_key]
     # one --override-kv with comma-separated values (llama.cpp takes the last of repeated options)
-    args += ["--override-kv", ",".join(f"{key}={'float' if isinstance(value, float) else 'int'}:{value}"
+    args += ["--override-kv", ",".join(f"{key}={override_kv_value(value)}"
                                        for key, value in resolved.kv_overrides(info.architecture).items())]
     kwargs = built["kwargs"]
     if resolved.memory:
@@ -391,6 +393,13 @@ def llama_server_args(settings: ExtrapolateSettings) -> List[str]:
     if "question_tokens" in kwargs:
         args += ["--question-tokens", str(kwargs["question_tokens"])]
     return args
+
+
+def override_kv_value(value) -> str:
+    """A metadata value as llama.cpp's --override-kv takes it: TYPE:VALUE (bool before int: a bool is an int)."""
+    if isinstance(value, bool):
+        return f"bool:{str(value).lower()}"
+    return f"{'float' if isinstance(value, float) else 'int'}:{value}"
 
 
 def free_port() -> int:
