@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from tinymodel import TinyGemma2, TinyGemma3, TinyLlama, TinyMPT
+from tinymodel import TinyDeepseek2, TinyGemma2, TinyGemma3, TinyLlama, TinyMPT
 
 
 @dataclass
@@ -293,6 +293,41 @@ def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention]
         a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_frequencies(), neox=model.neox,
                       alibi_slopes=nope, stats=stats, margin=margin, f16_cache=f16_cache)
         x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
+        h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], model.rms_eps)
+        g = h @ w[f"blk.{il}.ffn_gate.weight"].T
+        u = h @ w[f"blk.{il}.ffn_up.weight"].T
+        x = x + ((g / (1 + np.exp(-g))) * u) @ w[f"blk.{il}.ffn_down.weight"].T
+    x = rms_norm(x, w["output_norm.weight"], model.rms_eps)
+    return x @ w["output.weight"].T
+
+
+def forward_mla(model: TinyDeepseek2, tokens: Sequence[int], cfg: Optional[RefAttention] = None) -> np.ndarray:
+    """Logits (T, n_vocab) of a tiny DeepSeek-V2 (multi-head latent attention), written out as the attention it
+    means rather than as llama.cpp computes it: each head's key is its own, the latent c_j (normalised) taken up by
+    the head's W_k_b next to the shared RoPE part, and its value W_v_b c_j. llama.cpp caches c_j and the RoPE part
+    once per token and folds W_k_b into the query and W_v_b after the softmax (the same sums, in another order).
+    The RoPE part goes first in each head here, so that ``attention`` rotates it (and the rest as NoPE never)."""
+    cfg = cfg or RefAttention()
+    w = {name: t.astype(np.float64) for name, t in model.weights.items()}
+    tokens = np.asarray(tokens)
+    T, H, r = len(tokens), model.n_head, model.kv_lora_rank
+    dn, dr, dv = model.n_nope, model.n_rot, model.n_v
+    assert dv == dn + dr, "attention() returns values of the query's size"
+    angles = model.rope_base ** (-np.arange(0, dr, 2, dtype=np.float64) / dr)  # per pair: only dr of dn + dr turn
+    positions = np.arange(T)
+    x = w["token_embd.weight"][tokens]
+    for il in range(model.n_layer):
+        h = rms_norm(x, w[f"blk.{il}.attn_norm.weight"], model.rms_eps)
+        q = (h @ w[f"blk.{il}.attn_q.weight"].T).reshape(T, H, dn + dr)
+        kv = h @ w[f"blk.{il}.attn_kv_a_mqa.weight"].T
+        c = rms_norm(kv[:, :r], w[f"blk.{il}.attn_kv_a_norm.weight"], model.rms_eps)  # (T, r)
+        k_pe = kv[:, r:]  # (T, dr), one for every head
+        k_nope = np.einsum("tr,hrn->thn", c, w[f"blk.{il}.attn_k_b.weight"])  # (T, H, dn)
+        v = np.einsum("tr,hvr->thv", c, w[f"blk.{il}.attn_v_b.weight"])  # (T, H, dv)
+        q = np.concatenate([q[:, :, dn:], q[:, :, :dn]], axis=2)
+        k = np.concatenate([np.repeat(k_pe[:, None, :], H, axis=1), k_nope], axis=2)
+        a = attention(q, k, v, positions, cfg, il, rope_base=angles)
+        x = x + a.reshape(T, H * dv) @ w[f"blk.{il}.attn_output.weight"].T
         h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], model.rms_eps)
         g = h @ w[f"blk.{il}.ffn_gate.weight"].T
         u = h @ w[f"blk.{il}.ffn_up.weight"].T

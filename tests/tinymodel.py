@@ -323,8 +323,7 @@ class TinyGemma2(TinyGemma3):
 class TinyDeepseek2:
     """DeepSeek-V2's multi-head latent attention (MLA) as llama.cpp builds it: one cached "key" per token (the
     compressed latent and a shared RoPE part) from which the values are read too, a K-only cache with its own
-    attention path. Dense layers only; loaded to check what the library accepts and refuses, not run against the
-    oracle."""
+    attention path. Dense layers only; reference.forward_mla is its oracle."""
 
     n_vocab: int = 259
     n_embd: int = 64
@@ -336,6 +335,8 @@ class TinyDeepseek2:
     n_rot: int = 16  # the RoPE part of each head, shared by the heads in the cache
     n_nope: int = 16  # the part of q and k without RoPE
     n_v: int = 32
+    rms_eps: float = 1e-5
+    rope_base: float = 10000.0
     seed: int = 0
     weights: Dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -367,8 +368,8 @@ class TinyDeepseek2:
 
     def write(self, path: Path) -> Path:
         def hparams(w):
-            w.add_layer_norm_rms_eps(1e-5)
-            w.add_rope_freq_base(10000.0)
+            w.add_layer_norm_rms_eps(self.rms_eps)
+            w.add_rope_freq_base(self.rope_base)
             w.add_rope_dimension_count(self.n_rot)
             w.add_leading_dense_block_count(self.n_layer)
             w.add_q_lora_rank(0)
