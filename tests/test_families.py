@@ -433,6 +433,41 @@ def test_a_temperature_the_softmax_would_not_take_whole_is_refused(tiny_llama, m
         make_llm(tiny_llama[1], AttentionConfig(**LAMBDA)).close()  # no temperature: loads
 
 
+def test_learned_sink_logits_refuse_the_temperature_in_python_and_in_the_library(tmp_path):
+    """A tiny gpt-oss (learned sink logits per head, patch 0020): the temperature is refused by Python before
+    loading (from the file's own tensors), by llama.cpp's C API on a live context (set_temperature,
+    set_temperature_points) and at context creation from metadata through plain llama_cpp; the Lambda mask runs."""
+    import llama_cpp
+
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig, native, read_model_info
+    from tinymodel import TinyGptOss
+
+    path = TinyGptOss().write(tmp_path / "tiny-gpt-oss.gguf")
+    assert read_model_info(path).learned_sinks
+    words = "learned attention sinks"
+    assert words in _support_holds(path)["temperature"]
+    with pytest.raises(ValueError, match=words):
+        make_llm(path, AttentionConfig(**KNOB_CONFIGS["lambda"], temperature=0.9))
+    llm = make_llm(path, AttentionConfig(**KNOB_CONFIGS["lambda"]))
+    try:
+        llm.eval(list(range(3, 80)))
+        assert np.isfinite(np.asarray(llm.scores[:77])).all()
+        ctx = llama_extrapolate.context_address(llm)
+        n_layer, n_head = np.asarray(native.get_temperature(ctx)[0]).reshape(2, -1).shape
+        with pytest.raises(ValueError):
+            native.set_temperature(ctx, np.full((1,), 0.9, np.float32), 0, (), np.zeros((0, n_layer, n_head), np.float32))
+        with pytest.raises(ValueError):
+            native.set_temperature(ctx, np.ones((1,), np.float32), 0, (64,), np.full((1, n_layer, n_head), 0.9, np.float32))
+        assert (np.asarray(native.get_temperature(ctx)[0]) == 1.0).all(), "a refused temperature must change nothing"
+    finally:
+        llm.close()
+    with pytest.raises(ValueError, match="Failed to create llama_context"):
+        llama_cpp.Llama(str(path), n_ctx=256, verbose=False,
+                        kv_overrides={"gpt-oss.attention.softmax_temperature": 0.9})
+    llama_cpp.Llama(str(path), n_ctx=256, verbose=False).close()  # the file itself loads
+
+
 def test_latent_attention_refuses_the_knobs_its_k_only_cache_has_not(tmp_path, capsys):
     """DeepSeek-V2's MLA caches one latent key per token and attends through llama.cpp's K-only path, which has
     the Lambda mask and the temperature but no ceiling, top-k keys or statistics: those are refused at load with

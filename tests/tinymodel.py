@@ -383,3 +383,69 @@ class TinyDeepseek2:
             w.add_expert_shared_count(0)
 
         return _write(path, "deepseek2", self, 1, hparams)
+
+
+@dataclass
+class TinyGptOss:
+    """gpt-oss (llama.cpp's ``gpt-oss`` architecture) in its smallest form: sliding-window and global layers
+    alternating, a learned sink logit per head (``attn_sinks``), a mixture of experts for the feed-forward part.
+    Loaded to check what the library accepts and refuses: the sink logits enter the softmax beside the scores, so
+    a softmax temperature would not divide them."""
+
+    n_vocab: int = 259
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_layer: int = 2
+    n_ff: int = 64
+    n_expert: int = 2
+    n_ctx_train: int = 64
+    sliding_window: int = 16
+    seed: int = 0
+    weights: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    def make_weights(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        d, hd, e, f = self.n_embd, self.head_dim, self.n_expert, self.n_ff
+
+        def mat(*shape):
+            return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+        def vec(*shape):
+            return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+
+        w = {"token_embd.weight": rng.standard_normal((self.n_vocab, d)).astype(np.float32),
+             "output_norm.weight": 1.0 + vec(d), "output.weight": mat(self.n_vocab, d)}
+        for i in range(self.n_layer):
+            w[f"blk.{i}.attn_norm.weight"] = 1.0 + vec(d)
+            w[f"blk.{i}.post_attention_norm.weight"] = 1.0 + vec(d)
+            w[f"blk.{i}.attn_q.weight"] = mat(self.n_head * hd, d)
+            w[f"blk.{i}.attn_k.weight"] = mat(self.n_head_kv * hd, d)
+            w[f"blk.{i}.attn_v.weight"] = mat(self.n_head_kv * hd, d)
+            w[f"blk.{i}.attn_output.weight"] = mat(d, self.n_head * hd)
+            w[f"blk.{i}.attn_output.bias"] = vec(d)
+            w[f"blk.{i}.attn_sinks.weight"] = vec(self.n_head)
+            w[f"blk.{i}.ffn_gate_inp.weight"] = mat(e, d)
+            w[f"blk.{i}.ffn_gate_inp.bias"] = vec(e)
+            w[f"blk.{i}.ffn_gate_exps.weight"] = mat(e, f, d)
+            w[f"blk.{i}.ffn_gate_exps.bias"] = vec(e, f)
+            w[f"blk.{i}.ffn_up_exps.weight"] = mat(e, f, d)
+            w[f"blk.{i}.ffn_up_exps.bias"] = vec(e, f)
+            w[f"blk.{i}.ffn_down_exps.weight"] = mat(e, d, f)
+            w[f"blk.{i}.ffn_down_exps.bias"] = vec(e, d)
+        self.weights = w
+
+    def write(self, path: Path) -> Path:
+        def hparams(w):
+            w.add_layer_norm_rms_eps(1e-5)
+            w.add_rope_freq_base(10000.0)
+            w.add_rope_dimension_count(self.head_dim)
+            w.add_key_length(self.head_dim)
+            w.add_value_length(self.head_dim)
+            w.add_sliding_window(self.sliding_window)
+            w.add_expert_count(self.n_expert)
+            w.add_expert_used_count(1)
+            w.add_expert_feed_forward_length(self.n_ff)
+
+        return _write(path, "gpt-oss", self, self.n_head_kv, hparams)
