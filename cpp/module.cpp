@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include <llama-extrapolate.h>
+#include <ggml-backend.h>
 
 #include <cstdint>
 #include <string>
@@ -145,6 +146,28 @@ py::dict model_layers(std::uintptr_t model_address) {
     py::dict d;
     d["rope"] = std::vector<bool>(rope.begin(), rope.end());
     d["swa"]  = std::vector<bool>(swa.begin(), swa.end());
+    return d;
+}
+
+py::dict model_devices(std::uintptr_t model_address) {
+    if (model_address == 0) {
+        throw py::value_error("model address is 0 (NULL): pass the address of a loaded llama_model");
+    }
+    const auto * model = reinterpret_cast<const llama_model *>(model_address);
+    const int32_t n_layer = llama_ext_model_get_layers(model, nullptr, nullptr, SIZE_MAX);
+    if (n_layer < 0) {
+        throw py::value_error("llama_ext_model_get_layers failed");
+    }
+    std::vector<const char *> names(n_layer + 1, nullptr);
+    check_status(llama_ext_model_get_layer_devices(model, names.data(), names.size()) == n_layer ? 0 : -1,
+                 "llama_ext_model_get_layer_devices");
+    py::list layers;
+    for (int32_t il = 0; il < n_layer; ++il) {
+        layers.append(std::string(names[il] ? names[il] : ""));
+    }
+    py::dict d;
+    d["layers"] = layers;
+    d["output"] = std::string(names[n_layer] ? names[n_layer] : "");
     return d;
 }
 
@@ -303,6 +326,30 @@ py::dict stats_read(std::uintptr_t ctx_address) {
     return d;
 }
 
+py::list backend_devices() {
+    // the devices ggml registered in this process (the CPU, and a GPU backend's devices where the library was
+    // built with one and the device is visible), in ggml's order: the order llama.cpp offloads layers in
+    py::list out;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        const char * type = "unknown";
+        switch (ggml_backend_dev_type(dev)) {
+            case GGML_BACKEND_DEVICE_TYPE_CPU:   type = "cpu";   break;
+            case GGML_BACKEND_DEVICE_TYPE_GPU:   type = "gpu";   break;
+            case GGML_BACKEND_DEVICE_TYPE_IGPU:  type = "igpu";  break;
+            case GGML_BACKEND_DEVICE_TYPE_ACCEL: type = "accel"; break;
+            default: break;
+        }
+        py::dict d;
+        d["name"]        = std::string(ggml_backend_dev_name(dev));
+        d["description"] = std::string(ggml_backend_dev_description(dev));
+        d["type"]        = type;
+        d["backend"]     = std::string(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev)));
+        out.append(d);
+    }
+    return out;
+}
+
 } // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -318,10 +365,21 @@ PYBIND11_MODULE(_core, m) {
     m.def("patches", [] { return split_list(llama_ext_patches()); }, "applied patches, in order");
     m.def("features", [] { return split_list(llama_ext_features()); }, "attention features compiled in");
     m.def("library_path", &library_path, "file of the libllama this module is bound to");
+    m.def("backends", [] {
+              std::vector<std::string> out;
+              for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+                  out.push_back(ggml_backend_reg_name(ggml_backend_reg_get(i)));
+              }
+              return out;
+          }, "the ggml backends the library was built with (e.g. CPU, Vulkan), whether a device is visible or not");
+    m.def("backend_devices", &backend_devices,
+          "the devices ggml offers in this process: [{name, description, type, backend}], in offload order");
     m.def("api_address", [] { return reinterpret_cast<std::uintptr_t>(&llama_ext_api_version); },
           "address of llama_ext_api_version in this process (to check that two bindings share one library)");
     m.def("context_info", &context_info, py::arg("ctx_address"),
           "facts of a live llama_context given its address (e.g. from llama_cpp.Llama)");
+    m.def("model_devices", &model_devices, py::arg("model_address"),
+          "{layers: [device name per layer], output: device name} of a loaded llama_model");
     m.def("model_layers", &model_layers, py::arg("model_address"),
           "per layer: does it rotate q and k (RoPE), is it a sliding-window layer");
     m.def("model_attention", &model_attention, py::arg("model_address"),

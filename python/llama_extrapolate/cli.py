@@ -50,6 +50,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"llama.cpp commit   {lib['llama_cpp_commit']}")
     print(f"patches applied    {', '.join(lib['patches']) or '(none)'}")
     print(f"features           {', '.join(lib['features'])}")
+    gpus = [d for d in lib["devices"] if d["type"] != "cpu"]
+    print(f"devices            {'; '.join(_device_line(d) for d in lib['devices'])}"
+          + ("" if gpus else " (a CPU build, or no visible GPU: n_gpu_layers has nothing to offload to)"))
     print(f"model              {m['path']}")
     print(f"  name             {m['name']}")
     print(f"  architecture     {m['architecture']}")
@@ -78,6 +81,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
         reason = facts["knobs"][knob]
         print(f"  {knob:16s} {'supported' if reason is None else 'refused: ' + reason}")
     return 0
+
+
+def _device_line(device: dict) -> str:
+    """'Vulkan0 (Vulkan, gpu: llvmpipe (LLVM 15.0.6, 256 bits))'."""
+    return f"{device['name']} ({device['backend']}, {device['type']}: {device['description']})"
 
 
 def _ranges(values) -> str:

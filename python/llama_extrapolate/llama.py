@@ -175,6 +175,11 @@ class Llama(llama_cpp.Llama):
                            capacity)
         self.memory_capacity = capacity
 
+    def devices(self) -> dict:
+        """The ggml device of each layer and of the output layer ({"layers": [...], "output": ...}, e.g. "CPU",
+        "Vulkan0"): n_gpu_layers offloads layers to a GPU backend where the library was built with one."""
+        return native.model_devices(self)
+
     def memory_info(self) -> dict:
         """Tokens, blocks and bytes (on disk, in RAM) of the document memory."""
         if not self.attention_resolved.memory:

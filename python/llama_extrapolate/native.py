@@ -78,7 +78,15 @@ def library_facts() -> dict:
         "api_version": _core.api_version(),
         "patches": _core.patches(),
         "features": _core.features(),
+        "backends": _core.backends(),
+        "devices": _core.backend_devices(),
     }
+
+
+def model_devices(obj: Any) -> dict:
+    """{"layers": [the ggml device of each layer], "output": the output layer's} of a loaded model: where
+    n_gpu_layers and the build put the attention."""
+    return _core.model_devices(model_address(obj))
 
 
 # --- the model file -----------------------------------------------------------------------------

@@ -1,0 +1,171 @@
+"""The patched attention on a GPU backend (issue 25): ggml's Vulkan backend, run here on Mesa's lavapipe.
+
+Each knob reads a tiny model with every layer offloaded (n_gpu_layers=-1) and with none (and no op offloaded),
+each in a process of its own (ggml picks its Vulkan devices when the library loads); the layers must really be on
+the Vulkan device. The Vulkan backend rounds differently from the CPU's: on lavapipe the logits of the plain model
+(no knob) are 9e-6 apart from the CPU's by test-backend-ops' measure (NMSE, the squared error over the reference's
+squared norm; its tolerance for a matrix product is 5e-4) and 0.04 at most. Each knob must stay within that
+backend's error (NMSE < 1e-4 against the CPU and the oracle, max < 0.1) while it moves the logits by more than
+0.5: a knob the Vulkan graph computed otherwise would be far outside. Ops the Vulkan backend lacks run on the CPU
+through ggml's scheduler, with copies; that is a cost, not a different result.
+
+Skipped with the reason where the library has no Vulkan backend (a CPU build: the Vulkan one is
+``CMAKE_ARGS="-DGGML_VULKAN=on" pip install .``, README) or no Vulkan device is visible.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import random_tokens
+from reference import RefAttention, RefStats, forward, forward_mpt
+
+WORKER = Path(__file__).with_name("backend_worker.py")
+N_TOKENS = 300
+QUESTION = 250
+NMSE_MAX = 1e-4  # Vulkan (lavapipe) against the CPU: 9e-6 for the plain model
+ABS_MAX = 0.1  # the largest logit difference: 0.04 for the plain model
+LAMBDA = dict(sinks=4, window=32, ceiling=32)
+TOP_K = dict(top_k=3, top_k_layer=1, top_k_distance=16)
+MEMORY = dict(top_k_scope="question", memory_blocks=2, memory_block_size=32, memory_candidates=0)
+CACHE = dict(type_k=0, type_v=0, n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2)
+
+
+def vulkan_env() -> dict:
+    """The first Vulkan device unless told otherwise: ggml only takes GPUs by default, and lavapipe is a CPU."""
+    env = dict(os.environ)
+    env.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
+    return env
+
+
+@pytest.fixture(scope="module")
+def vulkan():
+    """The Vulkan device's name, or a skip with the reason."""
+    from llama_extrapolate import _core
+
+    if "Vulkan" not in _core.backends():
+        pytest.skip(f"the library was built with the backends {_core.backends()}, not Vulkan: "
+                    "CMAKE_ARGS=\"-DGGML_VULKAN=on\" pip install . builds it (README, GPU backends)")
+    probe = subprocess.run([sys.executable, "-c", "import json, llama_extrapolate; "
+                            "print(json.dumps(llama_extrapolate._core.backend_devices()))"],
+                           env=vulkan_env(), capture_output=True, text=True, timeout=300)
+    if probe.returncode != 0:
+        pytest.skip(f"no usable Vulkan device (GGML_VK_VISIBLE_DEVICES={vulkan_env()['GGML_VK_VISIBLE_DEVICES']}): "
+                    f"{probe.stderr.strip()[-300:]}")
+    devices = [d for d in json.loads(probe.stdout.strip().splitlines()[-1]) if d["backend"] == "Vulkan"]
+    if not devices:
+        pytest.skip("the Vulkan backend sees no device (Mesa's lavapipe: apt-get install mesa-vulkan-drivers)")
+    return devices[0]["name"]
+
+
+def read_on(backend, tmp_path, model, attention, tokens, question=None, stats=False):
+    """(logits, facts) of one reading in a child process on "cpu" (no layer offloaded) or "vulkan" (all)."""
+    # the CPU run offloads no op either (with a GPU backend llama.cpp offloads large products by default)
+    llama = dict(CACHE, op_offload=backend == "vulkan")
+    if attention.get("memory_blocks"):
+        llama.update(memory_type="f32", memory_capacity=512)
+    spec = dict(model=str(model), attention=attention, tokens=list(map(int, tokens)), question=question,
+                n_gpu_layers=-1 if backend == "vulkan" else 0, stats=stats, llama=llama)
+    spec_path = tmp_path / f"{backend}.json"
+    spec_path.write_text(json.dumps(spec))
+    out = str(tmp_path / f"{backend}-out")
+    done = subprocess.run([sys.executable, str(WORKER), str(spec_path), out], capture_output=True, text=True,
+                          env=vulkan_env() if backend == "vulkan" else dict(os.environ), timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return np.load(out + ".npy").astype(np.float64), json.loads(Path(out + ".json").read_text())
+
+
+def both(vulkan, tmp_path, model, attention, tokens, **kw):
+    """The readings on the Vulkan device and on the CPU; checks that the layers were where they were sent."""
+    got, facts = read_on("vulkan", tmp_path, model, attention, tokens, **kw)
+    cpu, cpu_facts = read_on("cpu", tmp_path, model, attention, tokens, **kw)
+    assert set(facts["devices"]["layers"]) == {vulkan}, facts["devices"]
+    assert set(cpu_facts["devices"]["layers"]) == {"CPU"}, cpu_facts["devices"]
+    return got, facts, cpu, cpu_facts
+
+
+def nmse(a, b):
+    """test-backend-ops' measure: the squared error over the reference's squared norm."""
+    return float(np.sum((a - b) ** 2) / np.sum(b ** 2))
+
+
+def check_within_the_backends_error(got, cpu, ref, plain, what):
+    """got (Vulkan) against the CPU backend and the oracle ref, where the knob moves the logits from plain (the
+    model without it) by far more than the backend's rounding."""
+    assert np.abs(ref - plain).max() > 0.5, f"{what}: the knob must change the logits for the test to tell"
+    assert np.abs(cpu - ref).max() < 2e-3, f"{what}: the CPU backend is off the oracle"
+    for other, name in ((cpu, "the CPU backend"), (ref, "the oracle")):
+        err, rel = np.abs(got - other).max(), nmse(got, other)
+        assert rel < NMSE_MAX and err < ABS_MAX, f"{what}: against {name}, NMSE {rel:.2e}, max {err:.3f}"
+
+
+CASES = {
+    "vanilla": (dict(sinks=0, window=0, ceiling=0), RefAttention(), None),
+    "lambda+ceiling+temperature": (dict(LAMBDA, temperature=0.9, temperature_schedule="log-length", log_length=40),
+                                   RefAttention(**LAMBDA, tau=0.9, log_length=40), None),
+    "top-k": (dict(LAMBDA, **TOP_K), RefAttention(**LAMBDA, **TOP_K), None),
+    "memory": (dict(LAMBDA, **TOP_K, **MEMORY), None, QUESTION),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_knob_on_vulkan_equals_the_cpu_and_the_oracle(vulkan, tiny_llama, tmp_path, case):
+    model, path = tiny_llama
+    tokens = random_tokens(model, N_TOKENS, seed=2)
+    attention, ref_cfg, question = CASES[case]
+    got, facts, cpu, cpu_facts = both(vulkan, tmp_path, path, attention, tokens, question=question)
+    if ref_cfg is None:  # the memory: the oracle given the blocks the library selected, the same on both
+        sel = {int(il): np.asarray(s) for il, s in facts["selection"].items()}
+        assert facts["selection"] == cpu_facts["selection"], "the backends selected other blocks"
+        ref_cfg = RefAttention(**LAMBDA, **TOP_K, top_k_from=QUESTION, memory_blocks=sel, memory_block=32)
+    ref = forward(model, tokens, ref_cfg)
+    plain = forward(model, tokens) if case != "vanilla" else ref + 1.0  # (vanilla: nothing to move)
+    check_within_the_backends_error(got, cpu, ref, plain, f"{case} on {vulkan}")
+
+
+def test_alibi_with_the_ceiling_and_temperature_on_vulkan(vulkan, tiny_mpt_model, tmp_path):
+    model, path = tiny_mpt_model
+    tokens = random_tokens(model, N_TOKENS, seed=2)
+    got, _, cpu, _ = both(vulkan, tmp_path, path, dict(LAMBDA, temperature=0.9), tokens)
+    ref = forward_mpt(model, tokens, RefAttention(**LAMBDA, tau=0.9))
+    check_within_the_backends_error(got, cpu, ref, forward_mpt(model, tokens), f"ALiBi on {vulkan}")
+
+
+def test_attention_statistics_with_offloaded_layers(vulkan, tiny_llama, tmp_path):
+    """The statistics op runs where its inputs are; with the layers on the Vulkan device the sums equal the
+    CPU backend's and the oracle's."""
+    model, path = tiny_llama
+    tokens = random_tokens(model, 120, seed=3)
+    attention = dict(sinks=4, window=32, ceiling=0)
+    _, facts, _, cpu_facts = both(vulkan, tmp_path, path, attention, tokens, stats=True)
+    ref = RefStats(model.n_layer, model.n_head)
+    forward(model, tokens, RefAttention(sinks=4, window=32), stats=ref)
+    got, cpu = facts["stats"], cpu_facts["stats"]
+    for key in ("pmax", "entropy"):
+        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(cpu[key]), rtol=1e-2, err_msg=key)
+        np.testing.assert_allclose(np.asarray(got[key]), getattr(ref, key), rtol=1e-2, err_msg=key)
+    assert np.array_equal(np.asarray(got["count"]), ref.count)
+
+
+def test_the_device_of_each_layer_is_named(tiny_llama, capsys):
+    """Llama.devices() (patch 0034) and `info` say where the attention runs: here no layer is offloaded."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig, _core
+    from llama_extrapolate.cli import main
+
+    model, path = tiny_llama
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32), n_gpu_layers=0,
+                                  verbose=False, n_ctx=512, n_batch=64, n_ubatch=64)
+    try:
+        assert llm.devices() == {"layers": ["CPU"] * model.n_layer, "output": "CPU"}
+    finally:
+        llm.close()
+    assert "CPU" in _core.backends()
+    assert main(["info", "--model", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "devices            CPU (CPU, cpu: " in out, out
