@@ -5,8 +5,9 @@ each in a process of its own (ggml picks its Vulkan devices when the library loa
 the Vulkan device. The Vulkan backend rounds differently from the CPU's: on lavapipe the logits of the plain model
 (no knob) are 9e-6 apart from the CPU's by test-backend-ops' measure (NMSE, the squared error over the reference's
 squared norm; its tolerance for a matrix product is 5e-4) and 0.04 at most. Each knob must stay within that
-backend's error (NMSE < 1e-4 against the CPU and the oracle, max < 0.1) while it moves the logits by more than
-0.5: a knob the Vulkan graph computed otherwise would be far outside. Ops the Vulkan backend lacks run on the CPU
+backend's error (NMSE < 1e-4 against the CPU and the oracle) while it moves the logits by more than 0.5: a knob
+the Vulkan graph computed otherwise would be far outside. (The largest single difference is not bounded: where
+two middle keys score within the backend's rounding of each other the top-k keys may differ, 0.2 on one logit.) Ops the Vulkan backend lacks run on the CPU
 through ggml's scheduler, with copies; that is a cost, not a different result.
 
 Skipped with the reason where the library has no Vulkan backend (a CPU build: the Vulkan one is
@@ -29,7 +30,6 @@ WORKER = Path(__file__).with_name("backend_worker.py")
 N_TOKENS = 300
 QUESTION = 250
 NMSE_MAX = 1e-4  # Vulkan (lavapipe) against the CPU: 9e-6 for the plain model
-ABS_MAX = 0.1  # the largest logit difference: 0.04 for the plain model
 LAMBDA = dict(sinks=4, window=32, ceiling=32)
 TOP_K = dict(top_k=3, top_k_layer=1, top_k_distance=16)
 MEMORY = dict(top_k_scope="question", memory_blocks=2, memory_block_size=32, memory_candidates=0)
@@ -63,10 +63,11 @@ def vulkan():
     return devices[0]["name"]
 
 
-def read_on(backend, tmp_path, model, attention, tokens, question=None, stats=False):
-    """(logits, facts) of one reading in a child process on "cpu" (no layer offloaded) or "vulkan" (all)."""
+def read_on(backend, tmp_path, model, attention, tokens, question=None, stats=False, refused=None, **extra):
+    """(logits, facts) of one reading in a child process on "cpu" (no layer offloaded) or "vulkan" (all); with
+    ``refused``, the library's refusal is expected instead and its message returned. ``extra``: Llama keywords."""
     # the CPU run offloads no op either (with a GPU backend llama.cpp offloads large products by default)
-    llama = dict(CACHE, op_offload=backend == "vulkan")
+    llama = dict(CACHE, op_offload=backend == "vulkan", **extra)
     if attention.get("memory_blocks"):
         llama.update(memory_type="f32", memory_capacity=512)
     spec = dict(model=str(model), attention=attention, tokens=list(map(int, tokens)), question=question,
@@ -76,6 +77,9 @@ def read_on(backend, tmp_path, model, attention, tokens, question=None, stats=Fa
     out = str(tmp_path / f"{backend}-out")
     done = subprocess.run([sys.executable, str(WORKER), str(spec_path), out], capture_output=True, text=True,
                           env=vulkan_env() if backend == "vulkan" else dict(os.environ), timeout=600)
+    if refused is not None:
+        assert done.returncode != 0 and refused in done.stderr, done.stderr[-2000:]
+        return done.stderr.strip().splitlines()[-1]
     assert done.returncode == 0, done.stderr[-2000:]
     return np.load(out + ".npy").astype(np.float64), json.loads(Path(out + ".json").read_text())
 
@@ -94,14 +98,14 @@ def nmse(a, b):
     return float(np.sum((a - b) ** 2) / np.sum(b ** 2))
 
 
-def check_within_the_backends_error(got, cpu, ref, plain, what):
+def check_within_the_backends_error(got, cpu, ref, plain, what, cpu_tol=2e-3):
     """got (Vulkan) against the CPU backend and the oracle ref, where the knob moves the logits from plain (the
-    model without it) by far more than the backend's rounding."""
+    model without it) by far more than the backend's rounding; cpu_tol: the CPU tests' tolerance."""
     assert np.abs(ref - plain).max() > 0.5, f"{what}: the knob must change the logits for the test to tell"
-    assert np.abs(cpu - ref).max() < 2e-3, f"{what}: the CPU backend is off the oracle"
+    assert np.abs(cpu - ref).max() < cpu_tol, f"{what}: the CPU backend is off the oracle"
     for other, name in ((cpu, "the CPU backend"), (ref, "the oracle")):
-        err, rel = np.abs(got - other).max(), nmse(got, other)
-        assert rel < NMSE_MAX and err < ABS_MAX, f"{what}: against {name}, NMSE {rel:.2e}, max {err:.3f}"
+        rel = nmse(got, other)
+        assert rel < NMSE_MAX, f"{what}: against {name}, NMSE {rel:.2e}, max {np.abs(got - other).max():.3f}"
 
 
 CASES = {
@@ -109,7 +113,6 @@ CASES = {
     "lambda+ceiling+temperature": (dict(LAMBDA, temperature=0.9, temperature_schedule="log-length", log_length=40),
                                    RefAttention(**LAMBDA, tau=0.9, log_length=40), None),
     "top-k": (dict(LAMBDA, **TOP_K), RefAttention(**LAMBDA, **TOP_K), None),
-    "memory": (dict(LAMBDA, **TOP_K, **MEMORY), None, QUESTION),
 }
 
 
@@ -118,14 +121,23 @@ def test_each_knob_on_vulkan_equals_the_cpu_and_the_oracle(vulkan, tiny_llama, t
     model, path = tiny_llama
     tokens = random_tokens(model, N_TOKENS, seed=2)
     attention, ref_cfg, question = CASES[case]
-    got, facts, cpu, cpu_facts = both(vulkan, tmp_path, path, attention, tokens, question=question)
-    if ref_cfg is None:  # the memory: the oracle given the blocks the library selected, the same on both
-        sel = {int(il): np.asarray(s) for il, s in facts["selection"].items()}
-        assert facts["selection"] == cpu_facts["selection"], "the backends selected other blocks"
-        ref_cfg = RefAttention(**LAMBDA, **TOP_K, top_k_from=QUESTION, memory_blocks=sel, memory_block=32)
+    got, _, cpu, _ = both(vulkan, tmp_path, path, attention, tokens, question=question)
     ref = forward(model, tokens, ref_cfg)
     plain = forward(model, tokens) if case != "vanilla" else ref + 1.0  # (vanilla: nothing to move)
     check_within_the_backends_error(got, cpu, ref, plain, f"{case} on {vulkan}")
+
+
+def test_memory_with_offloaded_layers_is_refused_with_the_reason(vulkan, tiny_llama, tmp_path):
+    """The document memory's selection has been checked on the CPU backend only: with the layers on the Vulkan
+    device (the cache there or in host memory, offload_kqv) its first question corrupted lavapipe's heap, so
+    llama.cpp refuses it at memory_open (patch 0034), naming the layer, its device and the fix, never a crash."""
+    model, path = tiny_llama
+    tokens = random_tokens(model, N_TOKENS, seed=2)
+    attention = dict(LAMBDA, **TOP_K, **MEMORY)
+    for offload_kqv in (True, False):
+        why = read_on("vulkan", tmp_path, path, attention, tokens, question=QUESTION, offload_kqv=offload_kqv,
+                      refused=f"layer 1 is on {vulkan}")
+        assert "n_gpu_layers = 0" in why, why
 
 
 def test_alibi_with_the_ceiling_and_temperature_on_vulkan(vulkan, tiny_mpt_model, tmp_path):
@@ -133,7 +145,8 @@ def test_alibi_with_the_ceiling_and_temperature_on_vulkan(vulkan, tiny_mpt_model
     tokens = random_tokens(model, N_TOKENS, seed=2)
     got, _, cpu, _ = both(vulkan, tmp_path, path, dict(LAMBDA, temperature=0.9), tokens)
     ref = forward_mpt(model, tokens, RefAttention(**LAMBDA, tau=0.9))
-    check_within_the_backends_error(got, cpu, ref, forward_mpt(model, tokens), f"ALiBi on {vulkan}")
+    check_within_the_backends_error(got, cpu, ref, forward_mpt(model, tokens), f"ALiBi on {vulkan}",
+                                    cpu_tol=1e-2)  # (test_attention_alibi.py's)
 
 
 def test_attention_statistics_with_offloaded_layers(vulkan, tiny_llama, tmp_path):
@@ -168,4 +181,5 @@ def test_the_device_of_each_layer_is_named(tiny_llama, capsys):
     assert "CPU" in _core.backends()
     assert main(["info", "--model", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "devices            CPU (CPU, cpu: " in out, out
+    line = next(x for x in out.splitlines() if x.startswith("devices "))
+    assert "CPU (CPU, cpu: " in line, line
