@@ -485,6 +485,39 @@ def test_a_rollback_on_a_rebased_stream_removes_the_callers_positions(tiny):
     check(first[None], forward(model, tokens, RefAttention(sinks=4, window=32, ceiling=32))[-1:], "re-based stream")
 
 
+@pytest.mark.parametrize("op", ["add", "div"])
+def test_shifting_every_sequence_of_a_rebased_stream_takes_the_callers_positions(tiny, op):
+    """llama_memory_seq_add / seq_div with seq_id -1 (every sequence) on a re-based stream translate the caller's
+    positions for each sequence, as seq_id 0 does: the last 10 of 1200 tokens moved by +5 (add) or halved (div)
+    give the same positions either way (memory positions would match no cell: nothing would move)."""
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+
+    model, path, _ = tiny
+    tokens = np.random.default_rng(9).integers(3, model.n_vocab, size=1200).tolist()
+    got = {}
+    for seq in (0, -1):
+        llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=32,
+                                                                           rollback=16),
+                                      n_ctx=128, n_batch=16, n_ubatch=16, n_threads=2, verbose=False, type_k=0,
+                                      type_v=0)
+        try:
+            llm.eval(tokens)
+            assert llama_extrapolate._core.seq_pos_offset(llama_extrapolate.context_address(llm)) > 500
+            mem = llama_cpp.llama_get_memory(llm.ctx)
+            if op == "add":
+                llama_cpp.llama_memory_seq_add(mem, seq, 1190, -1, 5)
+            else:
+                llama_cpp.llama_memory_seq_div(mem, seq, 1190, 1200, 2)
+            got[seq] = (llama_cpp.llama_memory_seq_pos_min(mem, 0), llama_cpp.llama_memory_seq_pos_max(mem, 0))
+        finally:
+            llm.close()
+    assert got[-1] == got[0], got
+    if op == "add":
+        assert got[0][1] == 1204, got
+
+
 def test_the_cache_refuses_to_go_back_past_its_rollback_margin(tiny):
     """llama_memory_seq_rm on a bounded stream (patch 0013): back within the rollback margin, or to the sinks, it
     works; further back, where the window's keys are freed, it returns false and leaves the stream as it was (a C
