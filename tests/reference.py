@@ -265,6 +265,14 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
+def silu_ffn(x, w, il, eps):
+    """Layer il's feed-forward part of the llama layout: RMS norm, then down(silu(gate) * up)."""
+    h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], eps)
+    g = h @ w[f"blk.{il}.ffn_gate.weight"].T
+    u = h @ w[f"blk.{il}.ffn_up.weight"].T
+    return ((g / (1 + np.exp(-g))) * u) @ w[f"blk.{il}.ffn_down.weight"].T
+
+
 def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
             positions: Optional[Sequence[int]] = None, stats: Optional[RefStats] = None,
             margin: Optional[TopKMargin] = None, f16_cache: bool = False,
@@ -293,10 +301,7 @@ def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention]
         a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_frequencies(), neox=model.neox,
                       alibi_slopes=nope, stats=stats, margin=margin, f16_cache=f16_cache)
         x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
-        h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], model.rms_eps)
-        g = h @ w[f"blk.{il}.ffn_gate.weight"].T
-        u = h @ w[f"blk.{il}.ffn_up.weight"].T
-        x = x + ((g / (1 + np.exp(-g))) * u) @ w[f"blk.{il}.ffn_down.weight"].T
+        x = x + silu_ffn(x, w, il, model.rms_eps)
     x = rms_norm(x, w["output_norm.weight"], model.rms_eps)
     return x @ w["output.weight"].T
 
@@ -328,10 +333,7 @@ def forward_mla(model: TinyDeepseek2, tokens: Sequence[int], cfg: Optional[RefAt
         k = np.concatenate([np.repeat(k_pe[:, None, :], H, axis=1), k_nope], axis=2)
         a = attention(q, k, v, positions, cfg, il, rope_base=angles)
         x = x + a.reshape(T, H * dv) @ w[f"blk.{il}.attn_output.weight"].T
-        h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], model.rms_eps)
-        g = h @ w[f"blk.{il}.ffn_gate.weight"].T
-        u = h @ w[f"blk.{il}.ffn_up.weight"].T
-        x = x + ((g / (1 + np.exp(-g))) * u) @ w[f"blk.{il}.ffn_down.weight"].T
+        x = x + silu_ffn(x, w, il, model.rms_eps)
     x = rms_norm(x, w["output_norm.weight"], model.rms_eps)
     return x @ w["output.weight"].T
 
