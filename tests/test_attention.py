@@ -31,8 +31,9 @@ def tiny(tiny_llama):
 def make_llm(path, attention, ubatch=64, **kw):
     import llama_extrapolate
 
+    kw = {"type_k": 0, "type_v": 0, **kw}  # f32 K/V unless asked otherwise
     return llama_extrapolate.Llama(str(path), attention=attention, n_ctx=512, n_batch=ubatch, n_ubatch=ubatch,
-                                   n_threads=2, logits_all=True, verbose=False, type_k=0, type_v=0, **kw)
+                                   n_threads=2, logits_all=True, verbose=False, **kw)
 
 
 def run(llm, tokens):
@@ -204,28 +205,82 @@ def test_f16_reference_is_closer_than_the_float64_one(tiny):
     assert near < 0.8 * far, (near, far)
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(flash_attn=True), "flash_attn=True with ceiling=32"),
-    (dict(type_k=8, type_v=8), "type_v=8: a quantized V cache needs flash attention"),
+@pytest.mark.parametrize("ceiling, kwargs, words", [
+    (16, dict(flash_attn=True), "flash_attn=True with ceiling=16, window=32"),
+    (32, dict(flash_attn=True, n_seq_max=2, kv_unified=True), "n_seq_max=2"),
+    (32, dict(type_k=8, type_v=8), "type_v=8: a quantized V cache needs flash attention"),
 ])
-def test_ceiling_refuses_inexact_settings(tiny, kwargs, words):
+def test_ceiling_refuses_inexact_settings(tiny, ceiling, kwargs, words):
     from llama_extrapolate import AttentionConfig
     import llama_extrapolate
 
     _, path, _ = tiny
     with pytest.raises(ValueError, match=words):
-        llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=32), n_ctx=512,
+        llama_extrapolate.Llama(str(path), attention=AttentionConfig(sinks=4, window=32, ceiling=ceiling), n_ctx=512,
                                 n_batch=64, n_ubatch=64, verbose=False, **kwargs)
 
 
-def test_library_refuses_flash_attention_with_ceiling_without_crashing(tiny):
-    """Through plain llama_cpp (no Python checks) the library itself refuses: an exception, not a crash."""
+@pytest.mark.parametrize("overrides", [{"llama.attention.lambda.ceiling": 32},
+                                       {"llama.attention.lambda.ceiling": 16, "llama.attention.lambda.window": 32,
+                                        "llama.attention.lambda.sink_count": 4}])
+def test_library_refuses_flash_attention_with_ceiling_without_crashing(tiny, overrides):
+    """Through plain llama_cpp (no Python checks) the library itself refuses where only the sinks are not the far
+    keys (no Lambda mask, or C < W): an exception, not a crash."""
     import llama_cpp
 
     _, path, _ = tiny
     with pytest.raises(ValueError, match="Failed to create llama_context"):
-        llama_cpp.Llama(str(path), n_ctx=256, flash_attn=True, verbose=False,
-                        kv_overrides={"llama.attention.lambda.ceiling": 32})
+        llama_cpp.Llama(str(path), n_ctx=256, flash_attn=True, verbose=False, kv_overrides=overrides)
+
+
+# the ceiling with flash attention: the sinks are far (C >= W); the oracle without the ceiling must differ
+FLASH_CEILING = {"lambda+ceiling": RefAttention(sinks=4, window=32),
+                 "lambda+ceiling+temperature": RefAttention(sinks=4, window=32, tau=0.9)}
+
+
+@pytest.mark.parametrize("ubatch", [1, 64])
+@pytest.mark.parametrize("case", sorted(FLASH_CEILING))
+def test_flash_attention_with_the_ceiling_matches_the_oracle(tiny, case, ubatch):
+    """Flash attention scores a far sink through one copy of it per query, rotated to p - C: the logits are the
+    oracle's (f16 K/V) and those of the non-flash path, for one query per ubatch and for 64."""
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny
+    kwargs, ref_cfg = CASES[case]
+    llm = make_llm(path, AttentionConfig(**kwargs), ubatch=ubatch, flash_attn=True, type_k=1, type_v=1)
+    try:
+        got = run(llm, tokens)
+    finally:
+        llm.close()
+    check_f16(model, tokens, got, ref_cfg, FLASH_CEILING[case], f"flash attention, {case}, ubatch {ubatch}")
+    plain = make_llm(path, AttentionConfig(**kwargs), ubatch=ubatch, flash_attn=False, type_k=1, type_v=1)
+    try:
+        err = np.abs(got - run(plain, tokens)).max()
+    finally:
+        plain.close()
+    assert err < TOL_F16, f"flash vs non-flash, {case}, ubatch {ubatch}: {err}"
+
+
+def test_library_takes_flash_attention_with_the_ceiling_on_the_sinks(tiny):
+    """Plain llama_cpp with C >= W and flash attention: the context is made, the ceiling moves the logits and they
+    are the non-flash path's."""
+    import llama_cpp
+
+    _, path, tokens = tiny
+    base = {"llama.attention.lambda.window": 32, "llama.attention.lambda.sink_count": 4}
+
+    def logits(ceiling, flash):
+        llm = llama_cpp.Llama(str(path), n_ctx=512, n_batch=64, n_ubatch=64, flash_attn=flash, logits_all=True,
+                              verbose=False, kv_overrides=dict(base, **{"llama.attention.lambda.ceiling": ceiling}))
+        try:
+            llm.eval(tokens)
+            return np.asarray(llm.scores[: len(tokens)], dtype=np.float64)
+        finally:
+            llm.close()
+
+    flash = logits(32, True)
+    assert np.abs(flash - logits(0, True)).max() > 0.5
+    assert np.abs(flash - logits(32, False)).max() < TOL_F16
 
 
 def decode_logits(llm, tokens, n_batch, start_pos=0):

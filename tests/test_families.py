@@ -319,6 +319,48 @@ def test_gemma_knobs_match_the_oracle(gemma, case, ubatch):
     assert err < tol, f"{model.arch}, {case}, ubatch {ubatch}: max |llama.cpp - oracle| = {err}"
 
 
+# flash attention reads K and V in half precision: against the f16 oracle, or the non-flash path. Largest measured:
+# 0.075 (smollm3, 4 layers, ubatch 1; its non-flash path with the same f16 cache is 0.073 from that oracle)
+TOL_FLASH = 0.1
+
+
+@pytest.mark.parametrize("ubatch", [1, 64])
+def test_flash_attention_with_the_ceiling_matches_the_oracle(family, ubatch):
+    """The far sinks through one rotated copy per query (patch 0035) hold for each RoPE family's rotation (frequency
+    factors, YaRN, NEOX, NoPE layers left alone)."""
+    from llama_extrapolate import AttentionConfig
+
+    name, model, path, tokens = family
+    llm = make_llm(path, AttentionConfig(**LAMBDA), ubatch=ubatch, flash_attn=True, type_k=1, type_v=1)
+    try:
+        got = logits(llm, tokens)
+    finally:
+        llm.close()
+    ref = forward(model, tokens, RefAttention(**LAMBDA), f16_cache=True)
+    err = np.abs(got - ref).max()
+    assert err < TOL_FLASH, f"{name}, flash attention, ubatch {ubatch}: max |llama.cpp - f16 oracle| = {err}"
+    without = forward(model, tokens, RefAttention(sinks=4, window=32), f16_cache=True)
+    assert np.abs(without - ref).max() > 5 * TOL_FLASH
+
+
+@pytest.mark.parametrize("ubatch", [1, 64])
+def test_gemma_flash_attention_with_the_ceiling_is_the_exact_path(gemma, ubatch):
+    """Gemma 2/3 with flash attention: the global layers' ceiling on their own cache, the sliding-window layers
+    apart; the logits are the non-flash path's (which the oracle tests check) within half precision."""
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens, _ = gemma
+    out = {}
+    for flash in (True, False):
+        llm = make_llm(path, AttentionConfig(**LAMBDA), ubatch=ubatch, flash_attn=flash, type_k=1, type_v=1)
+        try:
+            out[flash] = logits(llm, tokens)
+        finally:
+            llm.close()
+    err = np.abs(out[True] - out[False]).max()
+    assert err < TOL_FLASH, f"{model.arch}, ubatch {ubatch}: max |flash - non-flash| = {err}"
+
+
 def test_a_temperature_on_softcapped_logits_refuses_flash_attention(tmp_path):
     """Gemma 2's temperature divides the capped logits, which flash attention caps inside its kernel: refused with
     the reason (the library refuses it too: its own message was "not supported")."""

@@ -194,20 +194,28 @@ class Llama(llama_cpp.Llama):
         """Refuse llama_cpp options under which the configured attention would not be exact."""
         r, encoding = self.attention_resolved, self.model_info.position_encoding
         flash = bool(kwargs.get("flash_attn"))
-        if r.ceiling > 0 and encoding == "rope":
-            # the RoPE ceiling rotates q and the cached keys once more: only where that is exact
-            if flash:
-                raise ValueError(f"flash_attn=True with ceiling={r.ceiling}: the RoPE distance ceiling needs the "
-                                 "non-flash attention path; use flash_attn=False")
         if r.top_k > 0 and flash:
             raise ValueError(f"flash_attn=True with top_k={r.top_k}: the top-k middle keys need the non-flash "
                              "attention path; use flash_attn=False")
+        if r.memory_blocks > 0 and flash:
+            raise ValueError(f"flash_attn=True with memory_blocks={r.memory_blocks}: the document memory needs the "
+                             "non-flash attention path; use flash_attn=False")
+        rope_ceiling = r.ceiling > 0 and encoding == "rope"
+        if rope_ceiling and flash:
+            # flash attention sees a far key through one copy per query, rotated to distance C: a few copies when
+            # only the sinks are ever far (the window within the ceiling), too many otherwise
+            n_seq_max = int(kwargs.get("n_seq_max") or 1)
+            if r.window == 0 or r.ceiling < r.window or n_seq_max > 1:
+                raise ValueError(f"flash_attn=True with ceiling={r.ceiling}, window={r.window}, n_seq_max={n_seq_max}: "
+                                 "the RoPE distance ceiling takes flash attention only with a window (Λ mask) no "
+                                 "wider than the ceiling and one sequence, where only the sinks are ever far; set "
+                                 "ceiling >= window (and n_seq_max=1), or use flash_attn=False")
         type_v = kwargs.get("type_v")
-        if (r.top_k > 0 or (r.ceiling > 0 and encoding == "rope")) and type_v is not None and int(type_v) not in (0, 1):
-            # llama.cpp quantizes the V cache only for flash attention, which these paths cannot use
-            raise ValueError(f"type_v={type_v}: a quantized V cache needs flash attention, which the distance "
-                             "ceiling and the top-k middle keys cannot use; quantize K only (type_k=8 for q8_0) "
-                             "and keep type_v f16 (1)")
+        if (r.top_k > 0 or (rope_ceiling and not flash)) and type_v is not None and int(type_v) not in (0, 1):
+            # llama.cpp quantizes the V cache only for flash attention, which these paths do not use
+            raise ValueError(f"type_v={type_v}: a quantized V cache needs flash attention, which the top-k middle "
+                             "keys cannot use and the distance ceiling uses only with flash_attn=True; quantize K "
+                             "only (type_k=8 for q8_0) and keep type_v f16 (1), or pass flash_attn=True")
         refused = knob_support(self.model_info)["temperature"]
         if refused and r.temperature_on:
             raise ValueError(f"a softmax temperature on {self.model_info.architecture} is not supported with {refused}; "
