@@ -19,6 +19,11 @@
              with its committed NLL (measured before patch 0011 changed how the ceiling is computed).
   soak       A stream of --tokens (cycling the essays) through a small window: peak RSS at each mark against
              the peak after 16k tokens, and the NLL by bucket (is anything lost).
+  flash      Lambda + ceiling (S = 10, W = C = L_pre) with and without flash attention (patch 0035), two contexts
+             reading the same stream in alternating batches (the order alternates): prefill tokens/s of each per
+             block and their ratio; at each mark decode in --paired-decode alternating bursts (median ratio), the
+             largest logit difference of the two (the same attention, f16 against f32 products), and llama.cpp's
+             compute buffer of each (flash attention does not materialize the n_kv x n_ubatch scores).
   plot       bench/results/performance.png from the JSON.
 
 Each mode writes its section of bench/results/performance.json as it goes (a stream after every mark).
@@ -29,6 +34,7 @@ Ratios that a target compares are taken within one run, since the machine is sha
     python bench/performance.py knobs-off
     python bench/performance.py knobs-off --threads 1 --repeats 7 --key knobs_off_1thread
     python bench/performance.py soak --tokens 1048576 --window 512
+    python bench/performance.py flash --tokens 65536 --paired-decode 6
 """
 
 from __future__ import annotations
@@ -206,6 +212,101 @@ def run_stream(args) -> None:
             block_t0 = time.perf_counter()
     bar.close()
     result["total_s"] = time.perf_counter() - t_start
+    save_section(Path(args.out), key, result)
+
+
+# --- flash attention: the same Lambda + ceiling stream with and without it --------------------------------------
+
+def llama_with_log(make):
+    """make() with llama.cpp's log (it writes to fd 2) captured: the Llama and the log's text."""
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as log:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            llm = make()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        return llm, log.read()
+
+
+def compute_buffer_mib(log: str) -> float:
+    """The compute buffers llama.cpp reserved for the context, summed over backends (its log line)."""
+    import re
+
+    sizes = [float(m) for m in re.findall(r"compute buffer size =\s*([0-9.]+) MiB", log)]
+    if not sizes:
+        raise SystemExit("flash: llama.cpp's log has no 'compute buffer size' line to read the buffers from")
+    return sum(sizes)
+
+
+def run_flash(args) -> None:
+    from tqdm import tqdm
+
+    import llama_extrapolate as le
+    from llama_extrapolate.native import last_logits
+    import llama_cpp._logger
+
+    model = str(le.default_model_path())
+    info = le.read_model_info(model)
+    window = args.window or int(info.context_length)
+    cfg = attention_for("lambda", window, args.sinks)
+    if args.decode > cfg.rollback or args.paired_decode < 1:
+        raise SystemExit(f"--decode {args.decode} --paired-decode {args.paired_decode}: decode at most "
+                         f"rollback={cfg.rollback} tokens per burst, in at least one pair")
+    n_batch = args.n_batch
+    n_ctx = cfg.resolve(info).required_n_ctx(n_batch, stream=args.tokens)
+    llms, buffers = {}, {}
+    for flash in (True, False):
+        llm, log = llama_with_log(lambda: le.Llama(
+            model, attention=cfg, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=args.threads,
+            n_threads_batch=args.threads, flash_attn=flash, verbose=True))
+        name = "flash" if flash else "plain"
+        llms[name], buffers[name] = llm, compute_buffer_mib(log)
+        llama_cpp._logger.set_verbose(False)  # the log was for the buffers: quiet while reading
+        llm.reset()
+    tokens = essay_tokens(llms["flash"], args.tokens)
+    marks = [m for m in MARKS if m <= args.tokens]
+    key = args.key or "flash_ceiling"
+    result = {"config": "lambda", "window": window, "ceiling": window, "sinks": args.sinks, "n_ctx": n_ctx,
+              "n_batch": n_batch, "threads": args.threads, "tokens": args.tokens, "block": args.block,
+              "compute_buffer_mib": buffers, "blocks": [], "marks": []}
+    spent = {"flash": 0.0, "plain": 0.0}
+    block_n = 0
+    bar = tqdm(total=len(tokens), desc="flash / plain stream", unit="tok")
+    for i, s in enumerate(range(0, len(tokens), n_batch)):
+        chunk = tokens[s:s + n_batch]
+        for name in (("flash", "plain") if i % 2 == 0 else ("plain", "flash")):
+            t0 = time.perf_counter()
+            llms[name].eval(chunk)
+            spent[name] += time.perf_counter() - t0
+        bar.update(len(chunk))
+        block_n += len(chunk)
+        done = s + len(chunk)
+        if block_n >= args.block:
+            tok_s = {name: block_n / t for name, t in spent.items()}
+            result["blocks"].append({"end": done, "tokens": block_n, "flash_tok_s": tok_s["flash"],
+                                     "plain_tok_s": tok_s["plain"], "ratio": tok_s["flash"] / tok_s["plain"]})
+            spent, block_n = {"flash": 0.0, "plain": 0.0}, 0
+        if done in marks:
+            last = {name: last_logits(llm.ctx, llm.n_vocab()).astype(np.float64) for name, llm in llms.items()}
+            recent = [b["ratio"] for b in result["blocks"][-4:]]
+            entry = {"tokens": done, "prefill_ratio": float(np.median(recent)),
+                     "prefill_flash_tok_s": result["blocks"][-1]["flash_tok_s"],
+                     "prefill_plain_tok_s": result["blocks"][-1]["plain_tok_s"],
+                     "max_logit_diff": float(np.abs(last["flash"] - last["plain"]).max()),
+                     "same_next_token": bool(np.argmax(last["flash"]) == np.argmax(last["plain"])),
+                     "paired_decode": paired_decode(llms["flash"], llms["plain"], args.decode, args.paired_decode)}
+            result["marks"].append(entry)
+            save_section(Path(args.out), key, result)
+            bar.write(json.dumps({k: v for k, v in entry.items() if k != "paired_decode"}
+                                 | {"decode_ratio": entry["paired_decode"]["median_ratio"]}))
+    bar.close()
     save_section(Path(args.out), key, result)
 
 
@@ -511,7 +612,7 @@ def plot_soak(sec: dict, path: Path) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["stream", "knobs-off", "exact", "soak", "plot"])
+    ap.add_argument("mode", choices=["stream", "knobs-off", "exact", "soak", "flash", "plot"])
     ap.add_argument("--config", default="lambda")
     ap.add_argument("--tokens", type=int, default=131072)
     ap.add_argument("--window", type=int, default=0, help="Lambda window (default: the model's L_pre)")
@@ -529,7 +630,7 @@ def main(argv=None) -> None:
     ap.add_argument("--key", default="", help="name of the stream's (or knobs-off run's) section in the JSON")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
-    {"stream": run_stream, "knobs-off": run_knobs_off, "exact": run_exact, "soak": run_soak,
+    {"stream": run_stream, "knobs-off": run_knobs_off, "exact": run_exact, "soak": run_soak, "flash": run_flash,
      "plot": run_plot}[args.mode](args)
 
 

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(_WIN32)
@@ -132,7 +133,8 @@ py::dict model_attention(std::uintptr_t model_address) {
     return d;
 }
 
-py::dict model_layers(std::uintptr_t model_address) {
+// a loaded llama_model at an address from Python, and its number of layers
+std::pair<const llama_model *, int32_t> model_from_address(std::uintptr_t model_address) {
     if (model_address == 0) {
         throw py::value_error("model address is 0 (NULL): pass the address of a loaded llama_model");
     }
@@ -141,6 +143,11 @@ py::dict model_layers(std::uintptr_t model_address) {
     if (n_layer < 0) {
         throw py::value_error("llama_ext_model_get_layers failed");
     }
+    return {model, n_layer};
+}
+
+py::dict model_layers(std::uintptr_t model_address) {
+    const auto [model, n_layer] = model_from_address(model_address);
     std::vector<uint8_t> rope(n_layer), swa(n_layer);
     llama_ext_model_get_layers(model, rope.data(), swa.data(), rope.size());
     py::dict d;
@@ -150,14 +157,7 @@ py::dict model_layers(std::uintptr_t model_address) {
 }
 
 py::dict model_devices(std::uintptr_t model_address) {
-    if (model_address == 0) {
-        throw py::value_error("model address is 0 (NULL): pass the address of a loaded llama_model");
-    }
-    const auto * model = reinterpret_cast<const llama_model *>(model_address);
-    const int32_t n_layer = llama_ext_model_get_layers(model, nullptr, nullptr, SIZE_MAX);
-    if (n_layer < 0) {
-        throw py::value_error("llama_ext_model_get_layers failed");
-    }
+    const auto [model, n_layer] = model_from_address(model_address);
     std::vector<const char *> names(n_layer + 1, nullptr);
     check_status(llama_ext_model_get_layer_devices(model, names.data(), names.size()) == n_layer ? 0 : -1,
                  "llama_ext_model_get_layer_devices");

@@ -127,6 +127,20 @@ def test_each_knob_on_vulkan_equals_the_cpu_and_the_oracle(vulkan, tiny_llama, t
     check_within_the_backends_error(got, cpu, ref, plain, f"{case} on {vulkan}")
 
 
+def test_flash_attention_with_the_ceiling_on_vulkan(vulkan, tiny_llama, tmp_path):
+    """Patch 0035's far sinks (one rotated copy per query, concatenated to K and V, an F16 mask) through the Vulkan
+    backend's flash attention, with f16 K/V as flash attention keeps them: within the backend's error of the CPU's
+    flash path and of the f16 oracle (the CPU tests' tolerance there: 3e-2)."""
+    model, path = tiny_llama
+    tokens = random_tokens(model, N_TOKENS, seed=2)
+    attention = dict(LAMBDA, temperature=0.9)
+    got, _, cpu, _ = both(vulkan, tmp_path, path, attention, tokens, flash_attn=True, type_k=1, type_v=1)
+    ref = forward(model, tokens, RefAttention(**LAMBDA, tau=0.9), f16_cache=True)
+    without = forward(model, tokens, RefAttention(sinks=4, window=32, tau=0.9), f16_cache=True)
+    check_within_the_backends_error(got, cpu, ref, without, f"flash attention with the ceiling on {vulkan}",
+                                    cpu_tol=3e-2)
+
+
 def test_memory_with_offloaded_layers_is_refused_with_the_reason(vulkan, tiny_llama, tmp_path):
     """The document memory's selection has been checked on the CPU backend only: with the layers on the Vulkan
     device (the cache there or in host memory, offload_kqv) its first question corrupted lavapipe's heap, so
