@@ -261,6 +261,28 @@ def test_flash_attention_with_the_ceiling_matches_the_oracle(tiny, case, ubatch)
     assert err < TOL_F16, f"flash vs non-flash, {case}, ubatch {ubatch}: {err}"
 
 
+def test_flash_attention_with_the_ceiling_takes_a_quantized_cache(tmp_path):
+    """q8_0 K and V (flash attention is what lets llama.cpp quantize V): the far sinks' copies are dequantized,
+    rotated and quantized again. q8_0's own rounding on this random model is 0.5 on the logits (measured with the
+    Λ mask alone, no ceiling); with the ceiling the logits stay within 0.75 of the f16 oracle, which the ceiling moves
+    by 3.6."""
+    from llama_extrapolate import AttentionConfig
+
+    model = TinyLlama(n_embd=128)  # head dim 32: a q8_0 block
+    model.make_weights()
+    path = model.write(tmp_path / "tiny-hd32.gguf")
+    tokens = random_tokens(model, N_TOKENS, seed=2)
+    kwargs, ref_cfg = CASES["lambda+ceiling"]
+    llm = make_llm(path, AttentionConfig(**kwargs), ubatch=64, flash_attn=True, type_k=8, type_v=8)
+    try:
+        got = run(llm, tokens)
+    finally:
+        llm.close()
+    ref = forward(model, tokens, ref_cfg, f16_cache=True)
+    assert np.abs(got - ref).max() < 0.75
+    assert np.abs(forward(model, tokens, FLASH_CEILING["lambda+ceiling"], f16_cache=True) - ref).max() > 2.0
+
+
 def test_library_takes_flash_attention_with_the_ceiling_on_the_sinks(tiny):
     """Plain llama_cpp with C >= W and flash attention: the context is made, the ceiling moves the logits and they
     are the non-flash path's."""
