@@ -19,11 +19,13 @@
              with its committed NLL (measured before patch 0011 changed how the ceiling is computed).
   soak       A stream of --tokens (cycling the essays) through a small window: peak RSS at each mark against
              the peak after 16k tokens, and the NLL by bucket (is anything lost).
-  flash      Lambda + ceiling (S = 10, W = C = L_pre) with and without flash attention (patch 0035), two contexts
-             reading the same stream in alternating batches (the order alternates): prefill tokens/s of each per
-             block and their ratio; at each mark decode in --paired-decode alternating bursts (median ratio), the
-             largest logit difference of the two (the same attention, f16 against f32 products), and llama.cpp's
-             compute buffer of each (flash attention does not materialize the n_kv x n_ubatch scores).
+  flash      Lambda + ceiling (S = 10, W = C = L_pre) with and without flash attention (patch 0035), the contexts of
+             --configs reading the same stream in alternating batches (flash-noceiling / plain-noceiling: the Lambda
+             mask alone, to tell flash attention's own cost from the ceiling's copies). Speeds are tokens per CPU
+             second of the process (with --threads 1, the work alone on a shared machine): prefill per block, and
+             at each mark decode of --decode tokens in --paired-decode alternating rounds (medians); the largest
+             logit difference of flash and plain, and llama.cpp's compute buffer of each (flash attention does not
+             materialize the n_kv x n_ubatch scores).
   plot       bench/results/performance.png from the JSON.
 
 Each mode writes its section of bench/results/performance.json as it goes (a stream after every mark).
@@ -34,7 +36,7 @@ Ratios that a target compares are taken within one run, since the machine is sha
     python bench/performance.py knobs-off
     python bench/performance.py knobs-off --threads 1 --repeats 7 --key knobs_off_1thread
     python bench/performance.py soak --tokens 1048576 --window 512
-    python bench/performance.py flash --tokens 65536 --paired-decode 6
+    python bench/performance.py flash --tokens 16384 --threads 1 --configs flash,plain,flash-noceiling,plain-noceiling
 """
 
 from __future__ import annotations
@@ -245,67 +247,101 @@ def compute_buffer_mib(log: str) -> float:
     return sum(sizes)
 
 
+FLASH_CONFIGS = {"flash": (True, True), "plain": (False, True), "flash-noceiling": (True, False),
+                 "plain-noceiling": (False, False)}  # name: (flash_attn, ceiling = W)
+
+
+def decode_cpu(llm, n: int) -> float:
+    """Greedy decode of n tokens after the current stream, rolled back: tokens per CPU second of this process (with
+    one thread, the work alone: another process on the machine does not count, as it does in wall-clock time)."""
+    from llama_extrapolate.native import greedy_next
+
+    start, tok = llm.n_tokens, greedy_next(llm)
+    c0 = time.process_time()
+    for _ in range(n):
+        llm.eval([tok])
+        tok = greedy_next(llm)
+    spent = time.process_time() - c0
+    llm.n_tokens = start
+    return n / spent
+
+
 def run_flash(args) -> None:
     from tqdm import tqdm
 
     import llama_extrapolate as le
+    from llama_extrapolate import AttentionConfig
     from llama_extrapolate.native import last_logits
     import llama_cpp._logger
 
+    names = args.configs.split(",")
+    unknown = [n for n in names if n not in FLASH_CONFIGS]
+    if unknown or "flash" not in names or "plain" not in names:
+        raise SystemExit(f"--configs {args.configs}: list flash and plain, and any of {', '.join(FLASH_CONFIGS)}")
     model = str(le.default_model_path())
     info = le.read_model_info(model)
     window = args.window or int(info.context_length)
-    cfg = attention_for("lambda", window, args.sinks)
-    if args.decode > cfg.rollback or args.paired_decode < 1:
-        raise SystemExit(f"--decode {args.decode} --paired-decode {args.paired_decode}: decode at most "
-                         f"rollback={cfg.rollback} tokens per burst, in at least one pair")
+    if args.decode < 1 or args.paired_decode < 1:
+        raise SystemExit(f"--decode {args.decode} --paired-decode {args.paired_decode}: decode at least one token "
+                         "per burst, in at least one round")
     n_batch = args.n_batch
-    n_ctx = cfg.resolve(info).required_n_ctx(n_batch, stream=args.tokens)
     llms, buffers = {}, {}
-    for flash in (True, False):
+    for name in names:
+        flash, ceiling = FLASH_CONFIGS[name]
+        cfg = AttentionConfig(sinks=args.sinks, window=window, ceiling=window if ceiling else 0)
+        if args.decode > cfg.rollback:
+            raise SystemExit(f"--decode {args.decode}: the decoded tokens are rolled back within rollback="
+                             f"{cfg.rollback}; use fewer")
+        n_ctx = cfg.resolve(info).required_n_ctx(n_batch, stream=args.tokens)
         llm, log = llama_with_log(lambda: le.Llama(
             model, attention=cfg, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=args.threads,
             n_threads_batch=args.threads, flash_attn=flash, verbose=True))
-        name = "flash" if flash else "plain"
         llms[name], buffers[name] = llm, compute_buffer_mib(log)
         llama_cpp._logger.set_verbose(False)  # the log was for the buffers: quiet while reading
         llm.reset()
     tokens = essay_tokens(llms["flash"], args.tokens)
     marks = [m for m in MARKS if m <= args.tokens]
     key = args.key or "flash_ceiling"
-    result = {"config": "lambda", "window": window, "ceiling": window, "sinks": args.sinks, "n_ctx": n_ctx,
-              "n_batch": n_batch, "threads": args.threads, "tokens": args.tokens, "block": args.block,
-              "compute_buffer_mib": buffers, "blocks": [], "marks": []}
-    spent = {"flash": 0.0, "plain": 0.0}
+    result = {"window": window, "ceiling": window, "sinks": args.sinks, "n_batch": n_batch, "threads": args.threads,
+              "tokens": args.tokens, "block": args.block, "configs": names, "compute_buffer_mib": buffers,
+              "blocks": [], "marks": []}
+    # tokens per CPU second of the process: with --threads 1 the work alone, whatever else the machine runs
+    spent = dict.fromkeys(names, 0.0)
     block_n = 0
-    bar = tqdm(total=len(tokens), desc="flash / plain stream", unit="tok")
+    bar = tqdm(total=len(tokens), desc=" / ".join(names), unit="tok")
     for i, s in enumerate(range(0, len(tokens), n_batch)):
         chunk = tokens[s:s + n_batch]
-        for name in (("flash", "plain") if i % 2 == 0 else ("plain", "flash")):
-            t0 = time.perf_counter()
+        for name in (names if i % 2 == 0 else names[::-1]):
+            c0 = time.process_time()
             llms[name].eval(chunk)
-            spent[name] += time.perf_counter() - t0
+            spent[name] += time.process_time() - c0
         bar.update(len(chunk))
         block_n += len(chunk)
         done = s + len(chunk)
         if block_n >= args.block:
-            tok_s = {name: block_n / t for name, t in spent.items()}
-            result["blocks"].append({"end": done, "tokens": block_n, "flash_tok_s": tok_s["flash"],
-                                     "plain_tok_s": tok_s["plain"], "ratio": tok_s["flash"] / tok_s["plain"]})
-            spent, block_n = {"flash": 0.0, "plain": 0.0}, 0
+            result["blocks"].append({"end": done, "tokens": block_n,
+                                     "cpu_tok_s": {name: block_n / t for name, t in spent.items()}})
+            spent, block_n = dict.fromkeys(names, 0.0), 0
         if done in marks:
             last = {name: last_logits(llm.ctx, llm.n_vocab()).astype(np.float64) for name, llm in llms.items()}
-            recent = [b["ratio"] for b in result["blocks"][-4:]]
-            entry = {"tokens": done, "prefill_ratio": float(np.median(recent)),
-                     "prefill_flash_tok_s": result["blocks"][-1]["flash_tok_s"],
-                     "prefill_plain_tok_s": result["blocks"][-1]["plain_tok_s"],
-                     "max_logit_diff": float(np.abs(last["flash"] - last["plain"]).max()),
-                     "same_next_token": bool(np.argmax(last["flash"]) == np.argmax(last["plain"])),
-                     "paired_decode": paired_decode(llms["flash"], llms["plain"], args.decode, args.paired_decode)}
+            decode = {name: [] for name in names}
+            for r in range(args.paired_decode):
+                for name in (names if r % 2 == 0 else names[::-1]):
+                    decode[name].append(decode_cpu(llms[name], args.decode))
+            prefill = result["blocks"][-1]["cpu_tok_s"]
+            entry = {"tokens": done, "prefill_cpu_tok_s": prefill,
+                     "decode_cpu_tok_s": {name: float(np.median(v)) for name, v in decode.items()},
+                     "decode_rounds": decode,
+                     # flash against plain, with the ceiling and (where both ran) without it
+                     "max_logit_diff": {f: float(np.abs(last[f] - last[p]).max()) for f, p in
+                                        (("flash", "plain"), ("flash-noceiling", "plain-noceiling"))
+                                        if f in last and p in last},
+                     "same_next_token": bool(np.argmax(last["flash"]) == np.argmax(last["plain"]))}
+            entry["prefill_ratio"] = prefill["flash"] / prefill["plain"]
+            entry["decode_ratio"] = entry["decode_cpu_tok_s"]["flash"] / entry["decode_cpu_tok_s"]["plain"]
             result["marks"].append(entry)
             save_section(Path(args.out), key, result)
-            bar.write(json.dumps({k: v for k, v in entry.items() if k != "paired_decode"}
-                                 | {"decode_ratio": entry["paired_decode"]["median_ratio"]}))
+            bar.write(json.dumps({k: v for k, v in entry.items() if k != "decode_rounds"}))
     bar.close()
     save_section(Path(args.out), key, result)
 
@@ -628,6 +664,8 @@ def main(argv=None) -> None:
     ap.add_argument("--bucket", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--key", default="", help="name of the stream's (or knobs-off run's) section in the JSON")
+    ap.add_argument("--configs", default="flash,plain",
+                    help="flash: the contexts read side by side (" + ", ".join(FLASH_CONFIGS) + ")")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
     {"stream": run_stream, "knobs-off": run_knobs_off, "exact": run_exact, "soak": run_soak, "flash": run_flash,
