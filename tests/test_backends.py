@@ -10,8 +10,10 @@ the Vulkan graph computed otherwise would be far outside. (The largest single di
 two middle keys score within the backend's rounding of each other the top-k keys may differ, 0.2 on one logit.) Ops the Vulkan backend lacks run on the CPU
 through ggml's scheduler, with copies; that is a cost, not a different result.
 
-Skipped with the reason where the library has no Vulkan backend (a CPU build: the Vulkan one is
-``CMAKE_ARGS="-DGGML_VULKAN=on" pip install .``, README) or no Vulkan device is visible.
+The same tests run on the first device of whatever GPU backend the library was built with (CUDA, Metal, ...:
+``CMAKE_ARGS="-DGGML_CUDA=on" pip install ".[test]"``, then ``pytest tests/test_backends.py``); only Vulkan on
+lavapipe has been run. Skipped with the reason where the library has no GPU backend (a CPU build: the Vulkan one is
+``CMAKE_ARGS="-DGGML_VULKAN=on" pip install .``, README) or no device is visible.
 """
 
 import json
@@ -44,39 +46,42 @@ def vulkan_env() -> dict:
 
 
 @pytest.fixture(scope="module")
-def vulkan():
-    """The Vulkan device's name, or a skip with the reason."""
+def gpu():
+    """The first device of the library's GPU backend (Vulkan here; CUDA, Metal, ... where built), or a skip with the
+    reason."""
     from llama_extrapolate import _core
 
-    if "Vulkan" not in _core.backends():
-        pytest.skip(f"the library was built with the backends {_core.backends()}, not Vulkan: "
-                    "CMAKE_ARGS=\"-DGGML_VULKAN=on\" pip install . builds it (README, GPU backends)")
+    others = [b for b in _core.backends() if b not in ("CPU", "BLAS", "RPC")]
+    if not others:
+        pytest.skip(f"the library was built with the backends {_core.backends()}, no GPU backend: "
+                    "CMAKE_ARGS=\"-DGGML_VULKAN=on\" pip install . builds the Vulkan one (README, GPU backends)")
     probe = subprocess.run([sys.executable, "-c", "import json, llama_extrapolate; "
                             "print(json.dumps(llama_extrapolate._core.backend_devices()))"],
                            env=vulkan_env(), capture_output=True, text=True, timeout=300)
     if probe.returncode != 0:
-        pytest.skip(f"no usable Vulkan device (GGML_VK_VISIBLE_DEVICES={vulkan_env()['GGML_VK_VISIBLE_DEVICES']}): "
+        pytest.skip(f"no usable {others} device (GGML_VK_VISIBLE_DEVICES={vulkan_env()['GGML_VK_VISIBLE_DEVICES']}): "
                     f"{probe.stderr.strip()[-300:]}")
-    devices = [d for d in json.loads(probe.stdout.strip().splitlines()[-1]) if d["backend"] == "Vulkan"]
+    devices = [d for d in json.loads(probe.stdout.strip().splitlines()[-1]) if d["backend"] in others]
     if not devices:
-        pytest.skip("the Vulkan backend sees no device (Mesa's lavapipe: apt-get install mesa-vulkan-drivers)")
+        pytest.skip(f"the {others} backend sees no device" +
+                    (" (Mesa's lavapipe: apt-get install mesa-vulkan-drivers)" if "Vulkan" in others else ""))
     return devices[0]["name"]
 
 
 def read_on(backend, tmp_path, model, attention, tokens, question=None, stats=False, refused=None, **extra):
-    """(logits, facts) of one reading in a child process on "cpu" (no layer offloaded) or "vulkan" (all); with
+    """(logits, facts) of one reading in a child process on "cpu" (no layer offloaded) or "gpu" (all); with
     ``refused``, the library's refusal is expected instead and its message returned. ``extra``: Llama keywords."""
     # the CPU run offloads no op either (with a GPU backend llama.cpp offloads large products by default)
-    llama = dict(CACHE, op_offload=backend == "vulkan", **extra)
+    llama = dict(CACHE, op_offload=backend == "gpu", **extra)
     if attention.get("memory_blocks"):
         llama.update(memory_type="f32", memory_capacity=512)
     spec = dict(model=str(model), attention=attention, tokens=list(map(int, tokens)), question=question,
-                n_gpu_layers=-1 if backend == "vulkan" else 0, stats=stats, llama=llama)
+                n_gpu_layers=-1 if backend == "gpu" else 0, stats=stats, llama=llama)
     spec_path = tmp_path / f"{backend}.json"
     spec_path.write_text(json.dumps(spec))
     out = str(tmp_path / f"{backend}-out")
     done = subprocess.run([sys.executable, str(WORKER), str(spec_path), out], capture_output=True, text=True,
-                          env=vulkan_env() if backend == "vulkan" else dict(os.environ), timeout=600)
+                          env=vulkan_env() if backend == "gpu" else dict(os.environ), timeout=600)
     if refused is not None:
         assert done.returncode != 0 and refused in done.stderr, done.stderr[-2000:]
         return done.stderr.strip().splitlines()[-1]
@@ -84,11 +89,11 @@ def read_on(backend, tmp_path, model, attention, tokens, question=None, stats=Fa
     return np.load(out + ".npy").astype(np.float64), json.loads(Path(out + ".json").read_text())
 
 
-def both(vulkan, tmp_path, model, attention, tokens, **kw):
+def both(gpu, tmp_path, model, attention, tokens, **kw):
     """The readings on the Vulkan device and on the CPU; checks that the layers were where they were sent."""
-    got, facts = read_on("vulkan", tmp_path, model, attention, tokens, **kw)
+    got, facts = read_on("gpu", tmp_path, model, attention, tokens, **kw)
     cpu, cpu_facts = read_on("cpu", tmp_path, model, attention, tokens, **kw)
-    assert set(facts["devices"]["layers"]) == {vulkan}, facts["devices"]
+    assert set(facts["devices"]["layers"]) == {gpu}, facts["devices"]
     assert set(cpu_facts["devices"]["layers"]) == {"CPU"}, cpu_facts["devices"]
     return got, facts, cpu, cpu_facts
 
@@ -117,31 +122,31 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_each_knob_on_vulkan_equals_the_cpu_and_the_oracle(vulkan, tiny_llama, tmp_path, case):
+def test_each_knob_on_the_gpu_equals_the_cpu_and_the_oracle(gpu, tiny_llama, tmp_path, case):
     model, path = tiny_llama
     tokens = random_tokens(model, N_TOKENS, seed=2)
     attention, ref_cfg, question = CASES[case]
-    got, _, cpu, _ = both(vulkan, tmp_path, path, attention, tokens, question=question)
+    got, _, cpu, _ = both(gpu, tmp_path, path, attention, tokens, question=question)
     ref = forward(model, tokens, ref_cfg)
     plain = forward(model, tokens) if case != "vanilla" else ref + 1.0  # (vanilla: nothing to move)
-    check_within_the_backends_error(got, cpu, ref, plain, f"{case} on {vulkan}")
+    check_within_the_backends_error(got, cpu, ref, plain, f"{case} on {gpu}")
 
 
-def test_flash_attention_with_the_ceiling_on_vulkan(vulkan, tiny_llama, tmp_path):
+def test_flash_attention_with_the_ceiling_on_the_gpu(gpu, tiny_llama, tmp_path):
     """Patch 0035's far sinks (one rotated copy per query, concatenated to K and V, an F16 mask) through the Vulkan
     backend's flash attention, with f16 K/V as flash attention keeps them: within the backend's error of the CPU's
     flash path and of the f16 oracle (the CPU tests' tolerance there: 3e-2)."""
     model, path = tiny_llama
     tokens = random_tokens(model, N_TOKENS, seed=2)
     attention = dict(LAMBDA, temperature=0.9)
-    got, _, cpu, _ = both(vulkan, tmp_path, path, attention, tokens, flash_attn=True, type_k=1, type_v=1)
+    got, _, cpu, _ = both(gpu, tmp_path, path, attention, tokens, flash_attn=True, type_k=1, type_v=1)
     ref = forward(model, tokens, RefAttention(**LAMBDA, tau=0.9), f16_cache=True)
     without = forward(model, tokens, RefAttention(sinks=4, window=32, tau=0.9), f16_cache=True)
-    check_within_the_backends_error(got, cpu, ref, without, f"flash attention with the ceiling on {vulkan}",
+    check_within_the_backends_error(got, cpu, ref, without, f"flash attention with the ceiling on {gpu}",
                                     cpu_tol=3e-2)
 
 
-def test_memory_with_offloaded_layers_is_refused_with_the_reason(vulkan, tiny_llama, tmp_path):
+def test_memory_with_offloaded_layers_is_refused_with_the_reason(gpu, tiny_llama, tmp_path):
     """The document memory's selection has been checked on the CPU backend only: with the layers on the Vulkan
     device (the cache there or in host memory, offload_kqv) its first question corrupted lavapipe's heap, so
     llama.cpp refuses it at memory_open (patch 0034), naming the layer, its device and the fix, never a crash."""
@@ -149,27 +154,27 @@ def test_memory_with_offloaded_layers_is_refused_with_the_reason(vulkan, tiny_ll
     tokens = random_tokens(model, N_TOKENS, seed=2)
     attention = dict(LAMBDA, **TOP_K, **MEMORY)
     for offload_kqv in (True, False):
-        why = read_on("vulkan", tmp_path, path, attention, tokens, question=QUESTION, offload_kqv=offload_kqv,
-                      refused=f"layer 1 is on {vulkan}")
+        why = read_on("gpu", tmp_path, path, attention, tokens, question=QUESTION, offload_kqv=offload_kqv,
+                      refused=f"layer 1 is on {gpu}")
         assert "n_gpu_layers = 0" in why, why
 
 
-def test_alibi_with_the_ceiling_and_temperature_on_vulkan(vulkan, tiny_mpt_model, tmp_path):
+def test_alibi_with_the_ceiling_and_temperature_on_the_gpu(gpu, tiny_mpt_model, tmp_path):
     model, path = tiny_mpt_model
     tokens = random_tokens(model, N_TOKENS, seed=2)
-    got, _, cpu, _ = both(vulkan, tmp_path, path, dict(LAMBDA, temperature=0.9), tokens)
+    got, _, cpu, _ = both(gpu, tmp_path, path, dict(LAMBDA, temperature=0.9), tokens)
     ref = forward_mpt(model, tokens, RefAttention(**LAMBDA, tau=0.9))
-    check_within_the_backends_error(got, cpu, ref, forward_mpt(model, tokens), f"ALiBi on {vulkan}",
+    check_within_the_backends_error(got, cpu, ref, forward_mpt(model, tokens), f"ALiBi on {gpu}",
                                     cpu_tol=1e-2)  # (test_attention_alibi.py's)
 
 
-def test_attention_statistics_with_offloaded_layers(vulkan, tiny_llama, tmp_path):
+def test_attention_statistics_with_offloaded_layers(gpu, tiny_llama, tmp_path):
     """The statistics op runs where its inputs are; with the layers on the Vulkan device the sums equal the
     CPU backend's and the oracle's."""
     model, path = tiny_llama
     tokens = random_tokens(model, 120, seed=3)
     attention = dict(sinks=4, window=32, ceiling=0)
-    _, facts, _, cpu_facts = both(vulkan, tmp_path, path, attention, tokens, stats=True)
+    _, facts, _, cpu_facts = both(gpu, tmp_path, path, attention, tokens, stats=True)
     ref = RefStats(model.n_layer, model.n_head)
     forward(model, tokens, RefAttention(sinks=4, window=32), stats=ref)
     got, cpu = facts["stats"], cpu_facts["stats"]
