@@ -168,19 +168,21 @@ def run_stream(args) -> None:
     else:
         n_ctx = cfg.resolve(info).required_n_ctx(n_batch, stream=args.tokens)
     llm = le.Llama(model, attention=cfg, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=args.threads,
-                   n_threads_batch=args.threads, verbose=False)
+                   n_threads_batch=args.threads, n_gpu_layers=args.n_gpu_layers, verbose=False)
     tokens = essay_tokens(llm, args.tokens)
     marks = [m for m in MARKS if m <= args.tokens]
     key = args.key or f"stream_{args.config}"
     result = {"config": args.config, "window": window if args.config == "lambda" else None, "sinks": args.sinks,
               "n_ctx": n_ctx, "n_batch": n_batch, "threads": args.threads, "tokens": args.tokens,
+              "n_gpu_layers": args.n_gpu_layers,
               "block": args.block, "blocks": [], "marks": []}
     ref = None
     if args.paired_decode:
         # a second context parked after the first mark: decode bursts alternate between it and the stream, so
         # a slow phase of the shared machine falls on both sides of each ratio
         ref = le.Llama(model, attention=cfg, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                       n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+                       n_threads=args.threads, n_threads_batch=args.threads, n_gpu_layers=args.n_gpu_layers,
+                       verbose=False)
         ref.reset()
         for s in tqdm(range(0, marks[0], n_batch), desc=f"reference context ({marks[0]} tokens)", unit="batch"):
             ref.eval(tokens[s:s + n_batch])
@@ -295,7 +297,7 @@ def run_flash(args) -> None:
         n_ctx = cfg.resolve(info).required_n_ctx(n_batch, stream=args.tokens)
         llm, log = llama_with_log(lambda: le.Llama(
             model, attention=cfg, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=args.threads,
-            n_threads_batch=args.threads, flash_attn=flash, verbose=True))
+            n_threads_batch=args.threads, n_gpu_layers=args.n_gpu_layers, flash_attn=flash, verbose=True))
         llms[name], buffers[name] = llm, compute_buffer_mib(log)
         llama_cpp._logger.set_verbose(False)  # the log was for the buffers: quiet while reading
         llm.reset()
@@ -473,7 +475,7 @@ def run_soak(args) -> None:
     n_batch = args.n_batch
     n_ctx = cfg.resolve(info).required_n_ctx(n_batch, stream=args.tokens)
     llm = le.Llama(model, attention=cfg, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=args.threads,
-                   n_threads_batch=args.threads, verbose=False)
+                   n_threads_batch=args.threads, n_gpu_layers=args.n_gpu_layers, verbose=False)
     tokens = essay_tokens(llm, args.tokens)
     marks = [m for m in MARKS if m <= args.tokens]
     result = {"window": args.window, "sinks": args.sinks, "n_ctx": n_ctx, "tokens": args.tokens, "marks": [],
@@ -663,6 +665,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bucket", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-gpu-layers", type=int, default=0,
+                    help="stream, soak, flash: layers offloaded to a GPU backend (-1: all), in a GPU build")
     ap.add_argument("--key", default="", help="name of the stream's (or knobs-off run's) section in the JSON")
     ap.add_argument("--configs", default="flash,plain",
                     help="flash: the contexts read side by side (" + ", ".join(FLASH_CONFIGS) + ")")
