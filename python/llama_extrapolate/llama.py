@@ -197,9 +197,6 @@ class Llama(llama_cpp.Llama):
         if r.top_k > 0 and flash:
             raise ValueError(f"flash_attn=True with top_k={r.top_k}: the top-k middle keys need the non-flash "
                              "attention path; use flash_attn=False")
-        if r.memory_blocks > 0 and flash:
-            raise ValueError(f"flash_attn=True with memory_blocks={r.memory_blocks}: the document memory needs the "
-                             "non-flash attention path; use flash_attn=False")
         rope_ceiling = r.ceiling > 0 and encoding == "rope"
         if rope_ceiling and flash:
             # flash attention sees a far key through one copy per query, rotated to distance C: a few copies when
