@@ -348,6 +348,70 @@ def run_flash(args) -> None:
     save_section(Path(args.out), key, result)
 
 
+# --- attention statistics: what collecting them costs, reduced by the CPU op or by ggml ops in the graph -------
+
+STATS_VARIANTS = ("off", "host", "graph")
+
+
+def run_stats(args) -> None:
+    """One context reads the same tokens from an empty cache with the statistics off, reduced by the CPU op
+    ("host": for offloaded layers ggml's scheduler copies each layer's logits, mask and softmax to the host) and by
+    ggml ops on the layer's backend ("graph", patch 0037), in turn, rounds alternating the order; tokens per CPU
+    second of the process (all its threads, a software Vulkan driver's included) and per wall second."""
+    from tqdm import tqdm
+
+    import llama_extrapolate as le
+    from llama_extrapolate import AttentionConfig, stats
+    import llama_cpp._logger
+
+    model = str(le.default_model_path())
+    info = le.read_model_info(model)
+    window = args.window or int(info.context_length)
+    cfg = AttentionConfig(sinks=args.sinks, window=window, ceiling=window)
+    n_ctx = cfg.resolve(info).required_n_ctx(args.n_batch, stream=args.tokens)
+    llm, _ = llama_with_log(lambda: le.Llama(
+        model, attention=cfg, n_ctx=n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch, n_threads=args.threads,
+        n_threads_batch=args.threads, n_gpu_layers=args.n_gpu_layers, verbose=True))
+    llama_cpp._logger.set_verbose(False)
+    tokens = essay_tokens(llm, args.tokens)
+    runs = {v: [] for v in STATS_VARIANTS}
+    on_graph = {}
+    with tqdm(total=args.repeats * len(STATS_VARIANTS), desc="statistics", unit="run") as bar:
+        for r in range(args.repeats):
+            for v in (STATS_VARIANTS if r % 2 == 0 else STATS_VARIANTS[::-1]):
+                llm.reset()
+                if v != "off":
+                    stats.set_reduce(llm, v)
+                    stats.enable(llm, True)
+                    stats.reset(llm)
+                c0, t0 = time.process_time(), time.perf_counter()
+                llm.eval(tokens)
+                c1, t1 = time.process_time(), time.perf_counter()
+                if v != "off":
+                    on_graph[v] = stats.reduced_on_graph(llm).tolist()
+                    rows = stats.AttentionStats.read(llm).rows
+                    stats.enable(llm, False)
+                    if rows != len(tokens):
+                        raise SystemExit(f"{v}: the statistics counted {rows} rows of {len(tokens)} tokens")
+                runs[v].append({"cpu_tok_s": len(tokens) / (c1 - c0), "wall_tok_s": len(tokens) / (t1 - t0)})
+                bar.update(1)
+    devices = llm.devices()
+    llm.close()
+
+    def overhead(v: str, field: str) -> dict:
+        # per round: the variant's time over the time without statistics, less 1
+        r = np.array([b[field] / a[field] - 1.0 for a, b in zip(runs[v], runs["off"])])
+        return {"median": float(np.median(r)), "min": float(r.min()), "max": float(r.max())}
+
+    summary = {f"{v}_{field}": overhead(v, field) for v in ("host", "graph") for field in ("cpu_tok_s", "wall_tok_s")}
+    key = args.key or "stats_overhead"
+    save_section(Path(args.out), key, {"tokens": len(tokens), "window": window, "n_batch": args.n_batch,
+                                       "threads": args.threads, "n_gpu_layers": args.n_gpu_layers,
+                                       "devices": devices, "reduced_on_graph": on_graph,
+                                       "repeats": args.repeats, "runs": runs, "overhead": summary})
+    print(json.dumps(summary, indent=1))
+
+
 # --- knobs off: the same llama_cpp code on both libraries, in fresh processes ------------------------------
 
 WORKER = r"""
@@ -650,7 +714,7 @@ def plot_soak(sec: dict, path: Path) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["stream", "knobs-off", "exact", "soak", "flash", "plot"])
+    ap.add_argument("mode", choices=["stream", "knobs-off", "exact", "soak", "flash", "stats", "plot"])
     ap.add_argument("--config", default="lambda")
     ap.add_argument("--tokens", type=int, default=131072)
     ap.add_argument("--window", type=int, default=0, help="Lambda window (default: the model's L_pre)")
@@ -672,7 +736,7 @@ def main(argv=None) -> None:
                     help="flash: the contexts read side by side (" + ", ".join(FLASH_CONFIGS) + ")")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
-    {"stream": run_stream, "knobs-off": run_knobs_off, "exact": run_exact, "soak": run_soak, "flash": run_flash,
+    {"stream": run_stream, "knobs-off": run_knobs_off, "exact": run_exact, "soak": run_soak, "flash": run_flash, "stats": run_stats,
      "plot": run_plot}[args.mode](args)
 
 

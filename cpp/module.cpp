@@ -284,6 +284,22 @@ void stats_enable(std::uintptr_t ctx_address, bool on) {
     check_status(llama_ext_stats_enable(mutable_context_from_address(ctx_address), on), "llama_ext_stats_enable");
 }
 
+void stats_set_reduce(std::uintptr_t ctx_address, int reduce) {
+    check_status(llama_ext_stats_set_reduce(mutable_context_from_address(ctx_address),
+                                            static_cast<llama_ext_stats_reduce>(reduce)), "llama_ext_stats_set_reduce");
+}
+
+// 1 where ggml ops in the graph reduce the layer's statistics, 0 where the CPU op does
+py::array_t<uint8_t> stats_layer_reduce(std::uintptr_t ctx_address) {
+    const llama_context * ctx = context_from_address(ctx_address);
+    llama_ext_context_info info{};
+    check_status(llama_ext_context_get_info(ctx, &info), "llama_ext_context_get_info");
+    py::array_t<uint8_t> graph((py::ssize_t) info.n_layer);
+    check_status(llama_ext_stats_get_layer_reduce(ctx, graph.mutable_data(), (size_t) graph.size()) ==
+                 (int32_t) info.n_layer ? 0 : -1, "llama_ext_stats_get_layer_reduce");
+    return graph;
+}
+
 void stats_reset(std::uintptr_t ctx_address) {
     check_status(llama_ext_stats_reset(mutable_context_from_address(ctx_address)), "llama_ext_stats_reset");
 }
@@ -416,6 +432,10 @@ PYBIND11_MODULE(_core, m) {
               return llama_ext_stats_enabled(context_from_address(ctx_address));
           }, py::arg("ctx_address"), "whether attention statistics are being collected");
     m.def("stats_reset", &stats_reset, py::arg("ctx_address"), "set the attention statistics to zero");
+    m.def("stats_set_reduce", &stats_set_reduce, py::arg("ctx_address"), py::arg("reduce"),
+          "where the statistics are reduced: 0 auto, 1 the CPU op on every layer, 2 ggml ops on every layer");
+    m.def("stats_layer_reduce", &stats_layer_reduce, py::arg("ctx_address"),
+          "[n_layer] 1 where ggml ops in the graph reduce the layer's statistics, 0 where the CPU op does");
     m.def("stats_bin_lower", &stats_bin_lower, "smallest query-key distance of each distance bin");
     m.def("stats_read", &stats_read, py::arg("ctx_address"),
           "sums of the attention statistics: count, pmax, entropy, n_keys, logit_mean, logit_var "

@@ -6,7 +6,8 @@ CPU device, is only used when named there), so each backend's run is a process o
     python backend_worker.py SPEC.json OUT_PREFIX
 
 SPEC: {"model", "attention" (AttentionConfig fields), "n_gpu_layers", "tokens", "question" (top-k/memory from
-there on, or null), "llama" (other Llama keywords), "stats" (read the attention statistics)}. Writes
+there on, or null), "llama" (other Llama keywords), "stats" (read the attention statistics), "stats_reduce" (where
+they are reduced, default "auto")}. Writes
 OUT_PREFIX.npy (the logits) and OUT_PREFIX.json (the devices of the layers, the memory's selection, the
 statistics).
 """
@@ -29,7 +30,7 @@ def main(spec_path: str, out: str) -> None:
     tokens, question = spec["tokens"], spec.get("question")
     facts = {"devices": llm.devices()}
     try:
-        with stats.collecting(llm) if spec.get("stats") else contextlib.nullcontext():
+        with stats.collecting(llm, reduce=spec.get("stats_reduce")) if spec.get("stats") else contextlib.nullcontext():
             if question is None:
                 llm.eval(tokens)
             else:
@@ -43,7 +44,8 @@ def main(spec_path: str, out: str) -> None:
                                   for il in range(llm.attention_resolved.top_k_layer, n_layer)}
         if spec.get("stats"):
             read = stats.AttentionStats.read(llm)
-            facts["stats"] = {k: np.asarray(getattr(read, k)).tolist() for k in ("count", "pmax", "entropy", "mass")}
+            facts["stats"] = {k: np.asarray(getattr(read, k)).tolist() for k in stats.FIELDS + ("mass",)}
+            facts["stats_on_graph"] = stats.reduced_on_graph(llm).tolist()
     finally:
         llm.close()
     with open(out + ".json", "w") as f:

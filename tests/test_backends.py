@@ -68,7 +68,8 @@ def gpu():
     return devices[0]["name"]
 
 
-def read_on(backend, tmp_path, model, attention, tokens, question=None, stats=False, refused=None, **extra):
+def read_on(backend, tmp_path, model, attention, tokens, question=None, stats=False, stats_reduce=None, refused=None,
+            **extra):
     """(logits, facts) of one reading in a child process on "cpu" (no layer offloaded) or "gpu" (all); with
     ``refused``, the library's refusal is expected instead and its message returned. ``extra``: Llama keywords."""
     # the CPU run offloads no op either (with a GPU backend llama.cpp offloads large products by default)
@@ -76,7 +77,7 @@ def read_on(backend, tmp_path, model, attention, tokens, question=None, stats=Fa
     if attention.get("memory_blocks"):
         llama.update(memory_type="f32", memory_capacity=512)
     spec = dict(model=str(model), attention=attention, tokens=list(map(int, tokens)), question=question,
-                n_gpu_layers=-1 if backend == "gpu" else 0, stats=stats, llama=llama)
+                n_gpu_layers=-1 if backend == "gpu" else 0, stats=stats, stats_reduce=stats_reduce, llama=llama)
     spec_path = tmp_path / f"{backend}.json"
     spec_path.write_text(json.dumps(spec))
     out = str(tmp_path / f"{backend}-out")
@@ -146,17 +147,34 @@ def test_flash_attention_with_the_ceiling_on_the_gpu(gpu, tiny_llama, tmp_path):
                                     cpu_tol=3e-2)
 
 
-def test_memory_with_offloaded_layers_is_refused_with_the_reason(gpu, tiny_llama, tmp_path):
-    """The document memory's selection has been checked on the CPU backend only: with the layers on the Vulkan
-    device (the cache there or in host memory, offload_kqv) its first question corrupted lavapipe's heap, so
-    llama.cpp refuses it at memory_open (patch 0034), naming the layer, its device and the fix, never a crash."""
+def test_memory_with_offloaded_layers_selects_the_cpus_blocks(gpu, tiny_llama, tmp_path):
+    """The document memory with every layer on the GPU device and the KV cache in host memory (offload_kqv=False:
+    the memory reads and writes its blocks there): each layer's KV heads select the blocks the CPU backend selects,
+    and the answer's logits are the oracle's given those blocks, within the backend's error. (On lavapipe this
+    crashed until patch 0036: ggml-vulkan left stale buffers in the descriptor bindings a pipeline does not use, and
+    the question's larger graphs reallocate the compute buffer.)"""
     model, path = tiny_llama
     tokens = random_tokens(model, N_TOKENS, seed=2)
     attention = dict(LAMBDA, **TOP_K, **MEMORY)
-    for offload_kqv in (True, False):
-        why = read_on("gpu", tmp_path, path, attention, tokens, question=QUESTION, offload_kqv=offload_kqv,
-                      refused=f"layer 1 is on {gpu}")
-        assert "n_gpu_layers = 0" in why, why
+    got, facts, cpu, cpu_facts = both(gpu, tmp_path, path, attention, tokens, question=QUESTION, offload_kqv=False)
+    assert facts["selection"] == cpu_facts["selection"], (facts["selection"], cpu_facts["selection"])
+    sel = {int(il): np.asarray(s) for il, s in facts["selection"].items()}
+    assert all((s >= 0).all() for s in sel.values()), sel
+    ref = forward(model, tokens, RefAttention(**LAMBDA, **TOP_K, top_k_from=QUESTION, memory_blocks=sel,
+                                              memory_block=MEMORY["memory_block_size"]))
+    check_within_the_backends_error(got[QUESTION:], cpu[QUESTION:], ref[QUESTION:],
+                                    forward(model, tokens, RefAttention(**LAMBDA))[QUESTION:],
+                                    f"the document memory on {gpu}")
+
+
+def test_memory_with_the_cache_on_the_gpu_is_refused_with_the_fix(gpu, tiny_llama, tmp_path):
+    """With offload_kqv (llama.cpp's default) the KV cache is in the GPU's memory, where the memory cannot read its
+    blocks: refused at memory_open, with the fix, never a crash."""
+    model, path = tiny_llama
+    tokens = random_tokens(model, N_TOKENS, seed=2)
+    why = read_on("gpu", tmp_path, path, dict(LAMBDA, **TOP_K, **MEMORY), tokens, question=QUESTION,
+                  offload_kqv=True, refused="KV cache on the host")
+    assert "offload_kqv = False" in why, why
 
 
 def test_alibi_with_the_ceiling_and_temperature_on_the_gpu(gpu, tiny_mpt_model, tmp_path):
@@ -168,20 +186,31 @@ def test_alibi_with_the_ceiling_and_temperature_on_the_gpu(gpu, tiny_mpt_model, 
                                     cpu_tol=1e-2)  # (test_attention_alibi.py's)
 
 
-def test_attention_statistics_with_offloaded_layers(gpu, tiny_llama, tmp_path):
-    """The statistics op runs where its inputs are; with the layers on the Vulkan device the sums equal the
-    CPU backend's and the oracle's."""
+@pytest.mark.parametrize("reduce", [None, "host"])
+def test_attention_statistics_with_offloaded_layers(gpu, tiny_llama, tmp_path, reduce):
+    """By default (patch 0037) ggml ops reduce the statistics on the GPU device that runs the attention, and only
+    the sums come back; with reduce="host" the CPU op does, the scheduler copying the logits, the mask and the
+    softmax to the host. Either way the sums equal the CPU backend's and the oracle's."""
     model, path = tiny_llama
     tokens = random_tokens(model, 120, seed=3)
     attention = dict(sinks=4, window=32, ceiling=0)
-    _, facts, _, cpu_facts = both(gpu, tmp_path, path, attention, tokens, stats=True)
+    _, facts, _, cpu_facts = both(gpu, tmp_path, path, attention, tokens, stats=True, stats_reduce=reduce)
+    assert facts["stats_on_graph"] == [reduce is None] * model.n_layer, facts["stats_on_graph"]
+    assert cpu_facts["stats_on_graph"] == [False] * model.n_layer, cpu_facts["stats_on_graph"]
     ref = RefStats(model.n_layer, model.n_head)
     forward(model, tokens, RefAttention(sinks=4, window=32), stats=ref)
     got, cpu = facts["stats"], cpu_facts["stats"]
-    for key in ("pmax", "entropy"):
-        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(cpu[key]), rtol=1e-2, err_msg=key)
-        np.testing.assert_allclose(np.asarray(got[key]), getattr(ref, key), rtol=1e-2, err_msg=key)
-    assert np.array_equal(np.asarray(got["count"]), ref.count)
+    for key in ("pmax", "entropy", "logit_mean", "logit_var"):
+        # relative to the field's largest sum: the logits' means sum terms of both signs (the backend's rounding
+        # of the logits, not the reduction, moves one sum of 8 by 1%: the CPU op on the Vulkan layers does too)
+        for other, name in ((np.asarray(cpu[key]), "the CPU backend"), (getattr(ref, key), "the oracle")):
+            err = np.abs(np.asarray(got[key]) - other).max() / np.abs(other).max()
+            assert err < 1e-2, f"{key}: {err:.2e} off {name}"
+    for key in ("count", "n_keys"):
+        assert np.array_equal(np.asarray(got[key]), getattr(ref, key)), key
+    mass = np.asarray(got["mass"])
+    assert np.abs(mass - ref.mass).max() < 1e-2 * ref.count.max(), np.abs(mass - ref.mass).max()
+    assert np.abs(mass - np.asarray(cpu["mass"])).max() < 1e-2 * ref.count.max()
 
 
 def test_the_device_of_each_layer_is_named(tiny_llama, capsys):

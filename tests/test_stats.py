@@ -3,7 +3,9 @@
 The oracle writes every softmax row out in full and takes its maximum,
 entropy, logit mean and variance and mass by distance bin; llama.cpp never
 copies a row out of the graph. Tiny random models (RoPE llama GQA 4/2 and
-ALiBi MPT), f32 KV cache.
+ALiBi MPT), f32 KV cache. Both reductions (patch 0037): "host", the CPU op,
+and "graph", the ggml ops a GPU backend runs (here on the CPU backend; on
+Vulkan in test_backends.py), each against the oracle.
 """
 
 import numpy as np
@@ -24,12 +26,16 @@ def make_llm(path, attention, ubatch=64, **kw):
                                    n_threads=2, verbose=False, type_k=0, type_v=0, **kw)
 
 
-def collect(llm, tokens):
+REDUCE = ["host", "graph"]
+
+
+def collect(llm, tokens, reduce="auto"):
     from llama_extrapolate import stats
 
     llm.reset()
-    with stats.collecting(llm):
+    with stats.collecting(llm, reduce=reduce):
         llm.eval(tokens)
+    assert set(stats.reduced_on_graph(llm).tolist()) == {reduce == "graph"}
     return stats.AttentionStats.read(llm)
 
 
@@ -61,9 +67,10 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("reduce", REDUCE)
 @pytest.mark.parametrize("ubatch", [1, 64])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_statistics_match_reference(tiny_llama, case, ubatch):
+def test_statistics_match_reference(tiny_llama, case, ubatch, reduce):
     from llama_extrapolate import AttentionConfig
 
     model, path = tiny_llama
@@ -73,12 +80,13 @@ def test_statistics_match_reference(tiny_llama, case, ubatch):
     forward(model, tokens, ref_cfg, stats=ref)
     llm = make_llm(path, AttentionConfig(**kwargs), ubatch=ubatch)
     try:
-        compare(collect(llm, tokens), ref, f"{case}, ubatch {ubatch}")
+        compare(collect(llm, tokens, reduce), ref, f"{case}, ubatch {ubatch}, {reduce}")
     finally:
         llm.close()
 
 
-def test_statistics_on_alibi_with_temperature(tiny_mpt_model):
+@pytest.mark.parametrize("reduce", REDUCE)
+def test_statistics_on_alibi_with_temperature(tiny_mpt_model, reduce):
     from llama_extrapolate import AttentionConfig
 
     model, path = tiny_mpt_model
@@ -90,13 +98,15 @@ def test_statistics_on_alibi_with_temperature(tiny_mpt_model):
         forward_mpt(model, tokens, ref_cfg, stats=ref)
         llm = make_llm(path, AttentionConfig(**kwargs), ubatch=32)
         try:
-            compare(collect(llm, tokens), ref, f"ALiBi {kwargs}")
+            compare(collect(llm, tokens, reduce), ref, f"ALiBi {kwargs}, {reduce}")
         finally:
             llm.close()
 
 
-def test_bounded_stream_and_snapshots_subtract(tiny_llama):
-    """A 600-token stream through a bounded cache: the rows of a stretch are the difference of two readings."""
+@pytest.mark.parametrize("reduce", REDUCE)
+def test_bounded_stream_and_snapshots_subtract(tiny_llama, reduce):
+    """A 600-token stream through a bounded cache (its positions re-based, its cells reused out of order): the rows
+    of a stretch are the difference of two readings."""
     from llama_extrapolate import AttentionConfig, stats
 
     model, path = tiny_llama
@@ -108,7 +118,7 @@ def test_bounded_stream_and_snapshots_subtract(tiny_llama):
     llm = make_llm(path, AttentionConfig(sinks=4, window=32, ceiling=32, rollback=0), ubatch=50, n_ctx=128)
     try:
         llm.reset()
-        with stats.collecting(llm):
+        with stats.collecting(llm, reduce=reduce):
             llm.eval(tokens[:400])
             head = stats.AttentionStats.read(llm)
             llm.eval(tokens[400:])

@@ -202,6 +202,19 @@ def stats_enable(llm: Any, on: bool) -> None:
     _core.stats_enable(context_address(llm), bool(on))
 
 
+STATS_REDUCE = {"auto": 0, "host": 1, "graph": 2}
+
+
+def stats_set_reduce(llm: Any, reduce: str) -> None:
+    """Raises ValueError (the library's reason) where the graph's ops cannot reduce them (several sequences)."""
+    _core.stats_set_reduce(context_address(llm), STATS_REDUCE[reduce])
+
+
+def stats_layer_reduce(llm: Any) -> np.ndarray:
+    """[n_layer] bool: True where ggml ops in the graph reduce the layer's statistics, False where the CPU op does."""
+    return np.asarray(_core.stats_layer_reduce(context_address(llm)), dtype=bool)
+
+
 def stats_reset(llm: Any) -> None:
     _core.stats_reset(context_address(llm))
 

@@ -101,6 +101,29 @@ class AttentionStats:
                       for f in fields(cls)})
 
 
+REDUCE = tuple(native.STATS_REDUCE)
+
+
+def set_reduce(llm, reduce: str = "auto") -> None:
+    """Where the sums are taken. "host": one op on the CPU reads each layer's logits, mask and softmax in host memory
+    (one pass over them; for a layer offloaded to a GPU ggml's scheduler copies the three to the host first).
+    "graph": ggml ops in the graph reduce them on the backend that runs the layer's attention, and only the sums
+    come back (a few passes over the matrices, no copy). "auto" (the default): "graph" for the layers whose
+    attention runs off the CPU, "host" for the others."""
+    if reduce not in REDUCE:
+        raise ValueError(f"reduce={reduce!r}: choose one of {', '.join(REDUCE)}")
+    try:
+        native.stats_set_reduce(llm, reduce)
+    except ValueError as e:
+        raise ValueError(f"reduce={reduce!r} cannot be used on this context ({e}): the graph's ops take one "
+                         "sequence (n_seq_max=1); use reduce='host'") from None
+
+
+def reduced_on_graph(llm) -> np.ndarray:
+    """[n_layer] bool: True where ggml ops in the graph reduce the layer's sums, False where the CPU op does."""
+    return native.stats_layer_reduce(llm)
+
+
 def enable(llm, on: bool = True) -> None:
     """Collect attention statistics while ``llm`` decodes (the graph gains one reduction per layer)."""
     try:
@@ -121,8 +144,11 @@ def enabled(llm) -> bool:
 
 
 @contextlib.contextmanager
-def collecting(llm) -> Iterator[None]:
-    """Statistics on and zeroed inside the block, off after it (the sums stay readable)."""
+def collecting(llm, reduce: Optional[str] = None) -> Iterator[None]:
+    """Statistics on and zeroed inside the block, off after it (the sums stay readable); ``reduce``: see
+    set_reduce (None keeps the context's choice)."""
+    if reduce is not None:
+        set_reduce(llm, reduce)
     enable(llm, True)
     reset(llm)
     try:
