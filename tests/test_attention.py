@@ -207,7 +207,7 @@ def test_f16_reference_is_closer_than_the_float64_one(tiny):
 
 @pytest.mark.parametrize("ceiling, kwargs, words", [
     (16, dict(flash_attn=True), "flash_attn=True with ceiling=16, window=32"),
-    (32, dict(flash_attn=True, n_seq_max=2, kv_unified=True), "n_seq_max=2"),
+    (32, dict(flash_attn=True, embedding=True), "embedding=True: the RoPE distance ceiling"),
     (32, dict(type_k=8, type_v=8), "type_v=8: a quantized V cache needs flash attention"),
 ])
 def test_ceiling_refuses_inexact_settings(tiny, ceiling, kwargs, words):

@@ -169,3 +169,21 @@ def test_flash_attention_is_refused_with_a_named_reason(tiny_llama):
             stats.enable(llm)
     finally:
         llm.close()
+
+
+def test_bad_reduce_choices_are_named(tiny_llama):
+    """An unknown place to reduce is named with the choices; the graph's ops on a context of several sequences
+    (they sort the cells of one) are refused with the fix, and the context keeps its choice."""
+    from llama_extrapolate import AttentionConfig, stats
+
+    _, path = tiny_llama
+    llm = make_llm(path, AttentionConfig.vanilla(), embedding=True)  # (llama_cpp opens n_batch sequences)
+    try:
+        with pytest.raises(ValueError, match=r"reduce='gpu'.*auto, host, graph"):
+            stats.set_reduce(llm, "gpu")
+        with pytest.raises(ValueError, match=r"n_seq_max=1.*reduce='host'"):
+            stats.set_reduce(llm, "graph")
+        stats.set_reduce(llm, "host")
+        assert not stats.reduced_on_graph(llm).any()
+    finally:
+        llm.close()

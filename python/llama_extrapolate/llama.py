@@ -201,12 +201,14 @@ class Llama(llama_cpp.Llama):
         if rope_ceiling and flash:
             # flash attention sees a far key through one copy per query, rotated to distance C: a few copies when
             # only the sinks are ever far (the window within the ceiling), too many otherwise
-            n_seq_max = int(kwargs.get("n_seq_max") or 1)
-            if r.window == 0 or r.ceiling < r.window or n_seq_max > 1:
-                raise ValueError(f"flash_attn=True with ceiling={r.ceiling}, window={r.window}, n_seq_max={n_seq_max}: "
-                                 "the RoPE distance ceiling takes flash attention only with a window (Λ mask) no "
-                                 "wider than the ceiling and one sequence, where only the sinks are ever far; set "
-                                 "ceiling >= window (and n_seq_max=1), or use flash_attn=False")
+            # (llama_cpp.Llama opens one sequence, or n_batch of them with embedding=True)
+            several = bool(kwargs.get("embedding"))
+            if r.window == 0 or r.ceiling < r.window or several:
+                raise ValueError(f"flash_attn=True with ceiling={r.ceiling}, window={r.window}"
+                                 f"{', embedding=True' if several else ''}: the RoPE distance ceiling takes flash "
+                                 "attention only with a window (Λ mask) no wider than the ceiling and one sequence "
+                                 "(not embedding=True, which opens several), where only the sinks are ever far; set "
+                                 "ceiling >= window, or use flash_attn=False")
         type_v = kwargs.get("type_v")
         if (r.top_k > 0 or (rope_ceiling and not flash)) and type_v is not None and int(type_v) not in (0, 1):
             # llama.cpp quantizes the V cache only for flash attention, which these paths do not use
