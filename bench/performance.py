@@ -26,6 +26,10 @@
              at each mark decode of --decode tokens in --paired-decode alternating rounds (medians); the largest
              logit difference of flash and plain, and llama.cpp's compute buffer of each (flash attention does not
              materialize the n_kv x n_ubatch scores).
+  stats      The attention statistics' overhead: one context reads --tokens tokens from an empty cache with the
+             statistics off, reduced by the CPU op and by ggml ops in the graph (patch 0037), in rounds that
+             alternate the order, after --warmup untimed rounds (a backend may build kernels on first use);
+             tokens per CPU second and per wall second, the overhead the median over rounds.
   plot       bench/results/performance.png from the JSON.
 
 Each mode writes its section of bench/results/performance.json as it goes (a stream after every mark).
@@ -62,11 +66,26 @@ def load_results(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def machine() -> dict:
+    """The CPU a figure was measured on: speed ratios moved 2-4x between two hosts of the same name."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
+            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
 def save_section(path: Path, key: str, value) -> None:
     data = load_results(path)
+    if isinstance(value, dict):
+        value = {**value, "machine": machine()}
     data[key] = value
-    data["machine"] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                       "python": platform.python_version()}
+    data["machine"] = machine()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
@@ -375,9 +394,14 @@ def run_stats(args) -> None:
     llama_cpp._logger.set_verbose(False)
     tokens = essay_tokens(llm, args.tokens)
     runs = {v: [] for v in STATS_VARIANTS}
+    warmup = {v: [] for v in STATS_VARIANTS}
     on_graph = {}
-    with tqdm(total=args.repeats * len(STATS_VARIANTS), desc="statistics", unit="run") as bar:
-        for r in range(args.repeats):
+    rounds = args.warmup + args.repeats
+    with tqdm(total=rounds * len(STATS_VARIANTS), desc="statistics", unit="run") as bar:
+        for r in range(rounds):
+            # the first rounds are not counted: a backend may build its kernels on first use (ggml-vulkan compiles
+            # each pipeline the first time a graph needs it, and lavapipe compiles it to machine code with LLVM)
+            timed = runs if r >= args.warmup else warmup
             for v in (STATS_VARIANTS if r % 2 == 0 else STATS_VARIANTS[::-1]):
                 llm.reset()
                 if v != "off":
@@ -393,7 +417,7 @@ def run_stats(args) -> None:
                     stats.enable(llm, False)
                     if rows != len(tokens):
                         raise SystemExit(f"{v}: the statistics counted {rows} rows of {len(tokens)} tokens")
-                runs[v].append({"cpu_tok_s": len(tokens) / (c1 - c0), "wall_tok_s": len(tokens) / (t1 - t0)})
+                timed[v].append({"cpu_tok_s": len(tokens) / (c1 - c0), "wall_tok_s": len(tokens) / (t1 - t0)})
                 bar.update(1)
     devices = llm.devices()
     llm.close()
@@ -408,7 +432,8 @@ def run_stats(args) -> None:
     save_section(Path(args.out), key, {"tokens": len(tokens), "window": window, "n_batch": args.n_batch,
                                        "threads": args.threads, "n_gpu_layers": args.n_gpu_layers,
                                        "devices": devices, "reduced_on_graph": on_graph,
-                                       "repeats": args.repeats, "runs": runs, "overhead": summary})
+                                       "repeats": args.repeats, "warmup_rounds": args.warmup, "warmup": warmup,
+                                       "runs": runs, "overhead": summary})
     print(json.dumps(summary, indent=1))
 
 
@@ -727,6 +752,8 @@ def main(argv=None) -> None:
                          "first mark (decode after N over decode after 8k, measured side by side)")
     ap.add_argument("--prefill", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="stats: untimed rounds of every variant first (kernels a backend builds on first use)")
     ap.add_argument("--bucket", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-gpu-layers", type=int, default=0,

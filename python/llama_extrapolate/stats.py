@@ -116,7 +116,8 @@ def set_reduce(llm, reduce: str = "auto") -> None:
         native.stats_set_reduce(llm, reduce)
     except ValueError as e:
         raise ValueError(f"reduce={reduce!r} cannot be used on this context ({e}): the graph's ops take one "
-                         "sequence (n_seq_max=1); use reduce='host'") from None
+                         "sequence, and llama_cpp.Llama opens several with embedding=True: load without "
+                         "embedding=True, or use reduce='host'") from None
 
 
 def reduced_on_graph(llm) -> np.ndarray:
