@@ -298,6 +298,8 @@ def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention]
         nope = None if model.has_rope(il) else np.zeros(H)
         if nope is None and model.rope_magnitude() != 1.0:
             q, k = q * model.rope_magnitude(), k * model.rope_magnitude()
+        # temperature tuning (Llama 4, mistral3): q scaled by a function of its position in the text
+        q = q * model.attn_temp_factor(positions)[:, None, None]
         a = attention(q, k, v, positions, cfg, il, rope_base=model.rope_frequencies(), neox=model.neox,
                       alibi_slopes=nope, stats=stats, margin=margin, f16_cache=f16_cache)
         x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T

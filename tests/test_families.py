@@ -10,7 +10,10 @@ inside the attention. That rotation must be the one the model gave the layer:
 - YaRN scales the frequencies by a ramp over the pairs and q and k by 1 + 0.1 ln(factor) on every rotation;
 - Qwen2 rotates the halves of each head (NEOX), for every knob including the top-k keys and the memory;
 - Phi-3 (NEOX too) stores q, k, v fused and scales q by 1/sqrt(head_dim) before the attention, which then scales
-  the scores by 1: the temperature divides those logits all the same.
+  the scores by 1: the temperature divides those logits all the same;
+- mistral3 (Llama 4's attention temperature tuning) scales q by 1 + s*log(floor(p/F) + 1) of the token's position
+  p in the text: a re-based stream must keep the text's positions there (patch 0038; before it the long stream
+  below scaled q by the cache's positions).
 
 Tiny random models of each layout (f32 caches), the same cases as tests/test_attention.py and test_top_k.py.
 Before patch 0011 the first model was refused (rope_freqs, attention factor) and the second was wrong.
@@ -39,6 +42,7 @@ FAMILIES = {
     "qwen2-neox": lambda: TinyLlama(arch="qwen2"),
     "phi3": lambda: TinyLlama(arch="phi3"),
     "smollm3-nope": lambda: TinyLlama(arch="smollm3", n_layer=4),
+    "mistral3-temperature-tuning": lambda: TinyLlama(arch="mistral3", attn_temp_scale=0.5, attn_temp_floor=16),
 }
 
 

@@ -79,6 +79,10 @@ class TinyLlama:
     rope_freqs: Optional[np.ndarray] = None
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: q and k scaled by it with their rotation
     yarn_factor: float = 0.0  # > 0: YaRN RoPE scaling by this factor from the training length
+    # Llama 4's attention temperature tuning as mistral3 reads it (attention.temperature_scale; the floor is
+    # rope.scaling.original_context_length): q times 1 + scale*log(floor(p/floor) + 1) at position p
+    attn_temp_scale: float = 0.0
+    attn_temp_floor: int = 16
     weights: Dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -109,6 +113,13 @@ class TinyLlama:
             mix = 1 - np.clip((np.arange(n // 2) - low) / max(0.001, high - low), 0, 1)
             inv = inv * ((1 - mix) / self.yarn_factor + mix)
         return inv
+
+    def attn_temp_factor(self, positions: np.ndarray) -> np.ndarray:
+        """The factor q takes at each position in the text (1 without temperature tuning)."""
+        positions = np.asarray(positions, dtype=np.float64)
+        if not self.attn_temp_scale:
+            return np.ones_like(positions)
+        return np.log(np.floor(positions / self.attn_temp_floor) + 1.0) * self.attn_temp_scale + 1.0
 
     def rope_magnitude(self) -> float:
         """What RoPE scales q and k by as it rotates them: the attention factor, and YaRN's 1 + 0.1 ln(factor)."""
@@ -160,6 +171,9 @@ class TinyLlama:
                 w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
                 w.add_rope_scaling_factor(self.yarn_factor)
                 w.add_rope_scaling_orig_ctx_len(self.n_ctx_train)
+            if self.attn_temp_scale:
+                w.add_float32(f"{arch}.attention.temperature_scale", self.attn_temp_scale)
+                w.add_rope_scaling_orig_ctx_len(self.attn_temp_floor)
 
         arch = arch or self.arch
         if arch != "phi3":
