@@ -129,6 +129,14 @@ def attention_for(name: str, window: int, sinks: int):
     raise SystemExit(f"--config {name!r}: use lambda or vanilla")
 
 
+def synchronize(llm) -> None:
+    """Wait for the backend: llama_decode returns once a GPU backend has the work queued (lavapipe then computes
+    it on its own threads), so a timer stopped without this charges the work to whatever is timed next."""
+    import llama_cpp
+
+    llama_cpp.llama_synchronize(llm.ctx)
+
+
 def decode_speed(llm, n: int, repeats: int = 3) -> float:
     """Greedy decode of n tokens one at a time after the current stream, rolled back afterwards; the best of
     `repeats` tries (a burst of other load on a shared machine only ever slows a try down)."""
@@ -217,6 +225,7 @@ def run_stream(args) -> None:
         block_n += len(chunk)
         done = s + len(chunk)
         if block_n >= args.block:
+            synchronize(llm)
             now = time.perf_counter()
             result["blocks"].append({"end": done, "tokens": block_n, "tok_s": block_n / (now - block_t0)})
             block_n = 0
@@ -335,6 +344,7 @@ def run_flash(args) -> None:
         for name in (names if i % 2 == 0 else names[::-1]):
             c0 = time.process_time()
             llms[name].eval(chunk)
+            synchronize(llms[name])
             spent[name] += time.process_time() - c0
         bar.update(len(chunk))
         block_n += len(chunk)
@@ -410,6 +420,7 @@ def run_stats(args) -> None:
                     stats.reset(llm)
                 c0, t0 = time.process_time(), time.perf_counter()
                 llm.eval(tokens)
+                synchronize(llm)
                 c1, t1 = time.process_time(), time.perf_counter()
                 if v != "off":
                     on_graph[v] = stats.reduced_on_graph(llm).tolist()
