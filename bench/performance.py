@@ -82,10 +82,11 @@ def machine() -> dict:
 
 def save_section(path: Path, key: str, value) -> None:
     data = load_results(path)
+    host = machine()
     if isinstance(value, dict):
-        value = {**value, "machine": machine()}
+        value = {**value, "machine": host}
     data[key] = value
-    data["machine"] = machine()
+    data["machine"] = host
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))

@@ -4,8 +4,9 @@
 # with every layer on the first GPU device and compare each knob with the CPU backend and the numpy oracle
 # (tests/test_backends.py: they skip, saying why, where no GPU backend was built); then the default model reads a
 # stream with every layer offloaded (bench/performance.py stream, section "stream_gpu" of --out) and the statistics'
-# overhead is measured with either reduction (section "stats_overhead_gpu"). Only lavapipe has run it here, through
-# tools/vulkan.sh; no GPU was available.
+# overhead is measured with either reduction (section "stats_overhead_gpu"). Never run on a GPU (none here): the
+# backend tests have run on lavapipe through tools/vulkan.sh, and this script's benchmark steps only on the CPU
+# build with small sizes.
 #
 #   tools/gpu.sh                      # from the repository's root, in the environment where the GPU build is installed
 #   TOKENS=65536 tools/gpu.sh         # a longer stream (default 16384)
