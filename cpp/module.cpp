@@ -148,11 +148,13 @@ std::pair<const llama_model *, int32_t> model_from_address(std::uintptr_t model_
 
 py::dict model_layers(std::uintptr_t model_address) {
     const auto [model, n_layer] = model_from_address(model_address);
-    std::vector<uint8_t> rope(n_layer), swa(n_layer);
+    std::vector<uint8_t> rope(n_layer), swa(n_layer), recurrent(n_layer);
     llama_ext_model_get_layers(model, rope.data(), swa.data(), rope.size());
+    llama_ext_model_get_recurrent_layers(model, recurrent.data(), recurrent.size());
     py::dict d;
-    d["rope"] = std::vector<bool>(rope.begin(), rope.end());
-    d["swa"]  = std::vector<bool>(swa.begin(), swa.end());
+    d["rope"]      = std::vector<bool>(rope.begin(), rope.end());
+    d["swa"]       = std::vector<bool>(swa.begin(), swa.end());
+    d["recurrent"] = std::vector<bool>(recurrent.begin(), recurrent.end());
     return d;
 }
 
@@ -397,7 +399,7 @@ PYBIND11_MODULE(_core, m) {
     m.def("model_devices", &model_devices, py::arg("model_address"),
           "{layers: [device name per layer], output: device name} of a loaded llama_model");
     m.def("model_layers", &model_layers, py::arg("model_address"),
-          "per layer: does it rotate q and k (RoPE), is it a sliding-window layer");
+          "per layer: does it rotate q and k (RoPE), is it a sliding-window layer, a recurrent one");
     m.def("model_attention", &model_attention, py::arg("model_address"),
           "Lambda-attention and temperature parameters a model was loaded with");
     m.def("set_temperature", &set_temperature, py::arg("ctx_address"), py::arg("tau"), py::arg("log_length"),

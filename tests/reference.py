@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from tinymodel import TinyDeepseek2, TinyGemma2, TinyGemma3, TinyLlama, TinyMPT
+from tinymodel import TinyDeepseek2, TinyGemma2, TinyGemma3, TinyLfm2, TinyLlama, TinyMPT
 
 
 @dataclass
@@ -413,4 +413,34 @@ def forward_gemma3(model: Union[TinyGemma3, TinyGemma2], tokens: Sequence[int], 
     if gemma2:
         out = x @ w["token_embd.weight"].T
         return model.final_softcap * np.tanh(out / model.final_softcap)
+    return x @ w["output.weight"].T
+
+
+def forward_lfm2(model: TinyLfm2, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
+                 margin: Optional[TopKMargin] = None) -> np.ndarray:
+    """Logits (T, n_vocab) of a tiny LFM2: the attention layers as in ``forward`` (q and k RMS-normed per head, NEOX
+    RoPE); a convolution layer splits in_proj(h) into b, c, x and gives out_proj(c * conv(b * x)), conv causal over
+    the last l_cache inputs of each channel. No attention knob reaches those layers: they see every token."""
+    cfg = cfg or RefAttention()
+    w = {name: t.astype(np.float64) for name, t in model.weights.items()}
+    tokens = np.asarray(tokens)
+    T, d, L = len(tokens), model.n_embd, model.l_cache
+    H, Hkv, D, eps = model.n_head, model.n_head_kv, model.head_dim, model.rms_eps
+    x = w["token_embd.weight"][tokens]
+    for il in range(model.n_layer):
+        h = rms_norm(x, w[f"blk.{il}.attn_norm.weight"], eps)
+        if model.is_recurrent(il):
+            b, c, u = np.split(h @ w[f"blk.{il}.shortconv.in_proj.weight"].T, 3, axis=1)
+            bu = np.concatenate([np.zeros((L - 1, d)), b * u])
+            kernel = w[f"blk.{il}.shortconv.conv.weight"]  # (d, L): tap L - 1 is the current input
+            conv = sum(bu[j:j + T] * kernel[:, j] for j in range(L))
+            x = x + (c * conv) @ w[f"blk.{il}.shortconv.out_proj.weight"].T
+        else:
+            q = rms_norm((h @ w[f"blk.{il}.attn_q.weight"].T).reshape(T, H, D), w[f"blk.{il}.attn_q_norm.weight"], eps)
+            k = rms_norm((h @ w[f"blk.{il}.attn_k.weight"].T).reshape(T, Hkv, D), w[f"blk.{il}.attn_k_norm.weight"], eps)
+            v = (h @ w[f"blk.{il}.attn_v.weight"].T).reshape(T, Hkv, D)
+            a = attention(q, k, v, np.arange(T), cfg, il, rope_base=model.rope_frequencies(), neox=True, margin=margin)
+            x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
+        x = x + silu_ffn(x, w, il, eps)
+    x = rms_norm(x, w["token_embd_norm.weight"], eps)
     return x @ w["output.weight"].T

@@ -13,7 +13,10 @@ inside the attention. That rotation must be the one the model gave the layer:
   the scores by 1: the temperature divides those logits all the same;
 - mistral3 (Llama 4's attention temperature tuning) scales q by 1 + s*log(floor(p/F) + 1) of the token's position
   p in the text: a re-based stream must keep the text's positions there (patch 0038; before it the long stream
-  below scaled q by the cache's positions).
+  below scaled q by the cache's positions);
+- LFM2, a hybrid, caches its attention layers apart from its convolution layers' recurrent state: the knobs act
+  on the attention layers (before patch 0039 the ceiling was wrong there and the top-k keys aborted), and a
+  recurrent model (Mamba) refuses them all.
 
 Tiny random models of each layout (f32 caches), the same cases as tests/test_attention.py and test_top_k.py.
 Before patch 0011 the first model was refused (rope_freqs, attention factor) and the second was wrong.
@@ -593,3 +596,104 @@ def test_info_shows_nope_layers_and_knobs(family, capsys):
     assert ("RoPE factors     yes" in out) == (name == "llama-rope-freqs"), out
     for knob in KNOB_CONFIGS:
         assert f"  {knob:16s} supported" in out, out
+
+
+# --- hybrid models (recurrent layers beside attention layers: LFM2) and recurrent ones (Mamba) ------------------------
+
+@pytest.fixture(scope="module")
+def lfm2(tmp_path_factory):
+    from tinymodel import TinyLfm2
+
+    model = TinyLfm2(seed=5)  # weights whose top-3 middle keys are well apart (TopKMargin below)
+    model.make_weights()
+    path = model.write(tmp_path_factory.mktemp("lfm2") / "tiny-lfm2.gguf")
+    return model, path, random_tokens(model, N_TOKENS, seed=2)
+
+
+@pytest.mark.parametrize("ubatch", [1, 64])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_hybrid_model_matches_the_oracle(lfm2, case, ubatch):
+    """LFM2's attention layers live in a KV cache beside the convolution layers' recurrent state (llama.cpp's hybrid
+    memory), whose graph input set the attention tensors itself: before patch 0039 the ceiling's far span was never
+    set (3.6 logits off past C) and the top-k keys aborted the process. The convolution layers see every token."""
+    from llama_extrapolate import AttentionConfig
+    from reference import forward_lfm2
+
+    model, path, tokens = lfm2
+    kwargs, ref_cfg = CASES[case]
+    llm = make_llm(path, AttentionConfig(**kwargs), ubatch=ubatch)
+    try:
+        got = logits(llm, tokens)
+    finally:
+        llm.close()
+    margin = TopKMargin()
+    ref = forward_lfm2(model, tokens, ref_cfg, margin=margin)
+    if ref_cfg.top_k:
+        assert margin.rows > 0 and margin.gap > 1e-4, f"top-k choice ill-defined (gap {margin.gap})"
+    if case != "vanilla":
+        assert np.abs(ref - forward_lfm2(model, tokens)).max() > 0.5, "the knobs must change the logits"
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"lfm2, {case}, ubatch {ubatch}: max |llama.cpp - oracle| = {err}"
+
+
+def test_a_hybrid_stream_is_rebased_and_stays_exact(lfm2):
+    """2000 tokens through a 64-cell cache: the attention layers' positions are re-based many times (their keys
+    rotated by the K-shift), the recurrent state goes on through every token."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+    from reference import forward_lfm2
+    from test_attention import decode_logits
+
+    model, path, _ = lfm2
+    tokens = np.random.default_rng(9).integers(3, model.n_vocab, size=2000).tolist()
+    llm = make_llm(path, AttentionConfig(**LAMBDA, rollback=0), ubatch=16, n_ctx=64, logits_all=False)
+    try:
+        got = decode_logits(llm, tokens, 16)
+        offset = llama_extrapolate._core.seq_pos_offset(llama_extrapolate.context_address(llm))
+    finally:
+        llm.close()
+    assert offset > 1800, f"the stream was not re-based (offset {offset})"
+    err = np.abs(got - forward_lfm2(model, tokens, RefAttention(**LAMBDA))).max()
+    assert err < 5e-3, f"lfm2 stream: max |llama.cpp - oracle| = {err}"
+
+
+def test_a_hybrid_model_refuses_only_the_memory(lfm2, capsys):
+    """Every knob but the document memory loads (and is exact, above); the memory, whose store holds every layer from
+    the top-k layer on, is refused at load with the reason, and info shows the recurrent layers."""
+    from llama_extrapolate import read_model_info
+    from llama_extrapolate.cli import main
+
+    _, path, _ = lfm2
+    assert read_model_info(path).recurrent_layers == (0, 2)
+    support = _support_holds(path)
+    assert {k: v for k, v in support.items() if v is not None} == {"memory": "recurrent layers"}
+    assert main(["info", "--model", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "recurrent layers 0, 2 (a state instead of attention" in out, out
+    assert "  memory           refused: recurrent layers" in out, out
+
+
+def test_a_recurrent_model_refuses_every_knob(tmp_path):
+    """Mamba has no attention layer: a Lambda window, a temperature or top-k keys would do nothing, and each is
+    refused at load naming the reason (before, they loaded and did nothing); without knobs the model loads."""
+    import re
+
+    from llama_extrapolate import AttentionConfig, knob_support, read_model_info
+    from tinymodel import TinyMamba
+
+    model = TinyMamba()
+    model.make_weights()
+    path = model.write(tmp_path / "tiny-mamba.gguf")
+    info = read_model_info(path)
+    assert info.recurrent_layers == (0, 1) and info.position_encoding == "none"
+    support = knob_support(info)
+    why = "a recurrent model (it has no attention layers)"
+    # each knob alone (no ceiling: the configuration refuses it first, for the missing position encoding, as it
+    # does the memory)
+    for knob, cfg in (("lambda", KNOB_CONFIGS["lambda"]), ("temperature", KNOB_CONFIGS["temperature"]),
+                      ("top_k", dict(KNOB_CONFIGS["top_k"], ceiling=0))):
+        assert support[knob] == why, (knob, support)
+        with pytest.raises(ValueError, match=re.escape(why)):
+            make_llm(path, AttentionConfig(**cfg)).close()
+    assert "position encoding" in support["ceiling"] and "RoPE or ALiBi" in support["memory"]
+    make_llm(path, None).close()

@@ -463,3 +463,102 @@ class TinyGptOss:
             w.add_expert_feed_forward_length(self.n_ff)
 
         return _write(path, "gpt-oss", self, self.n_head_kv, hparams)
+
+
+@dataclass
+class TinyLfm2(TinyLlama):
+    """LFM2 (llama.cpp's ``lfm2``), a hybrid: gated short-convolution layers (a recurrent state of the last L - 1
+    inputs, no attention) between attention layers with q/k norms and NEOX RoPE; llama.cpp caches the two kinds
+    apart (llama_memory_hybrid: a KV cache for the attention layers, a recurrent state for the others). Here the
+    even layers convolve, the odd ones attend."""
+
+    arch: str = "lfm2"
+    n_layer: int = 4
+    l_cache: int = 3  # shortconv.l_cache: the convolution's length, the state holds l_cache - 1 inputs
+
+    @property
+    def neox(self) -> bool:
+        return True
+
+    def is_recurrent(self, il: int) -> bool:
+        return il % 2 == 0
+
+    def make_weights(self) -> None:
+        super().make_weights()
+        rng = np.random.default_rng(self.seed + 1)
+        w, d, hd = self.weights, self.n_embd, self.head_dim
+        w["token_embd_norm.weight"] = w.pop("output_norm.weight")  # LFM2's final norm under this name
+        for i in range(self.n_layer):
+            if self.is_recurrent(i):
+                for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                    del w[f"blk.{i}.{name}.weight"]
+                w[f"blk.{i}.shortconv.conv.weight"] = (0.5 * rng.standard_normal((d, self.l_cache))).astype(np.float32)
+                w[f"blk.{i}.shortconv.in_proj.weight"] = (rng.standard_normal((3 * d, d)) / np.sqrt(d)).astype(np.float32)
+                w[f"blk.{i}.shortconv.out_proj.weight"] = (rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32)
+            else:
+                # the norms' gains large enough that attention is peaked (q and k are normalised before RoPE)
+                w[f"blk.{i}.attn_q_norm.weight"] = (3.0 + 0.3 * rng.standard_normal(hd)).astype(np.float32)
+                w[f"blk.{i}.attn_k_norm.weight"] = (3.0 + 0.3 * rng.standard_normal(hd)).astype(np.float32)
+
+    def write(self, path: Path, arch: Optional[str] = None, context_length=TRAINING_LENGTH,
+              rope_dimension_count: bool = True) -> Path:
+        def hparams(w):
+            w.add_rope_dimension_count(self.head_dim)
+            w.add_rope_freq_base(self.rope_base)
+            w.add_layer_norm_rms_eps(self.rms_eps)
+            w.add_uint32("lfm2.shortconv.l_cache", self.l_cache)
+
+        # the convolution layers have no KV heads: that is how llama.cpp tells them apart
+        kv_heads = [0 if self.is_recurrent(i) else self.n_head_kv for i in range(self.n_layer)]
+        return _write(path, "lfm2", self, kv_heads, hparams, context_length)
+
+
+@dataclass
+class TinyMamba:
+    """Mamba (llama.cpp's ``mamba``): every layer a selective state-space layer, no attention at all. Loaded to
+    check what the library refuses: no knob of the attention has anything to act on."""
+
+    n_vocab: int = 259
+    n_embd: int = 32
+    n_layer: int = 2
+    n_head: int = 0
+    n_ff: int = 0
+    d_inner: int = 64
+    d_state: int = 8
+    d_conv: int = 4
+    dt_rank: int = 4
+    n_ctx_train: int = 64
+    seed: int = 0
+    weights: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    def make_weights(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        d, di, ds, r = self.n_embd, self.d_inner, self.d_state, self.dt_rank
+
+        def mat(*shape):
+            return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+        w = {"token_embd.weight": rng.standard_normal((self.n_vocab, d)).astype(np.float32),
+             "output_norm.weight": np.ones(d, np.float32), "output.weight": mat(self.n_vocab, d)}
+        for i in range(self.n_layer):
+            w[f"blk.{i}.attn_norm.weight"] = np.ones(d, np.float32)
+            w[f"blk.{i}.ssm_in.weight"] = mat(2 * di, d)
+            w[f"blk.{i}.ssm_conv1d.weight"] = mat(di, self.d_conv)
+            w[f"blk.{i}.ssm_conv1d.bias"] = np.zeros(di, np.float32)
+            w[f"blk.{i}.ssm_x.weight"] = mat(r + 2 * ds, di)
+            w[f"blk.{i}.ssm_dt.weight"] = mat(di, r)
+            w[f"blk.{i}.ssm_dt.bias"] = np.zeros(di, np.float32)
+            w[f"blk.{i}.ssm_a"] = -np.tile(np.arange(1, ds + 1, dtype=np.float32), (di, 1))
+            w[f"blk.{i}.ssm_d"] = np.ones(di, np.float32)
+            w[f"blk.{i}.ssm_out.weight"] = mat(d, di)
+        self.weights = w
+
+    def write(self, path: Path) -> Path:
+        def hparams(w):
+            w.add_layer_norm_rms_eps(1e-5)
+            w.add_ssm_conv_kernel(self.d_conv)
+            w.add_ssm_inner_size(self.d_inner)
+            w.add_ssm_state_size(self.d_state)
+            w.add_ssm_time_step_rank(self.dt_rank)
+
+        return _write(path, "mamba", self, 0, hparams)

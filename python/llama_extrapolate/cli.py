@@ -73,6 +73,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if m["swa_layers"]:
         print(f"  SWA layers       {_ranges(m['swa_layers'])} (their own window and RoPE base; the Lambda window, "
               "ceiling and temperature apply to the others, the global layers)")
+    if m["recurrent_layers"]:
+        print(f"  recurrent layers {_ranges(m['recurrent_layers'])} (a state instead of attention: no attention knob "
+              "reaches them, they see every token)")
     if m["nope_layers"]:
         print(f"  NoPE layers      {_ranges(m['nope_layers'])} (no RoPE: never rotated)")
     if m["rope_freq_factors"]:

@@ -134,7 +134,7 @@ class ResolvedAttention:
             out[f"{a}.lambda.memory_block_size"] = int(self.memory_block_size)
             out[f"{a}.lambda.memory_candidates"] = int(self.memory_candidates)
             out[f"{a}.lambda.memory_per_layer"] = self.memory_selection == "layer"
-        if temperature:
+        if temperature and self.temperature.size:  # (a model without attention heads has no temperature)
             out[f"{a}.softmax_temperature.log_length"] = int(self.log_length)
             uniform = self.temperature.flat[0]
             if np.all(self.temperature == uniform):
@@ -408,6 +408,11 @@ class AttentionConfig:
             raise ValueError(
                 f"temperature has shape {tau.shape}; a per-head temperature needs (n_layer, n_head)=({n_layer}, {n_head})"
             )
+        if n_head == 0 and (np.any(np.asarray(self.temperature) != 1.0) or self.temperature_schedule == "log-length"
+                            or self.temperature_points is not None):
+            # (the per-head table would be empty and the temperature silently gone)
+            raise ValueError(f"temperature={self.temperature!r}: {info.architecture} is a recurrent model (it has no "
+                             "attention layers), there is no softmax to divide; use temperature=1 and no schedule")
         swa = tuple(info.swa_layers)
         tau = _sliding_layers_at_one(tau, swa, np.ndim(self.temperature) > 0, "temperature")
         log_length = 0

@@ -242,6 +242,8 @@ class Llama(llama_cpp.Llama):
 
     def _apply_temperature(self, r: ResolvedAttention) -> None:
         ctx = self._attention_context("set_temperature")
+        if r.temperature.size == 0:
+            return  # no attention heads (a recurrent model): resolve refused any temperature but 1
         native.set_temperature(ctx, r.temperature, r.log_length, r.points_lengths, r.points_tau)
         got, got_log_length = native.get_temperature(ctx)
         got_lengths, got_points = native.get_temperature_points(ctx)

@@ -43,6 +43,9 @@ class ModelInfo:
     # layers llama.cpp builds without RoPE (NoPE) in a RoPE model, and its sliding-window layers
     nope_layers: Tuple[int, ...]
     swa_layers: Tuple[int, ...]
+    # layers that keep a recurrent state instead of attending (Mamba, RWKV; the convolution layers of LFM2 and
+    # the other hybrid models)
+    recurrent_layers: Tuple[int, ...]
     rope_freq_factors: bool  # the file carries RoPE frequency factors (Llama 3's rope_freqs, Phi-3's long factors)
     file_size: int
     # llama-extrapolate keys written into the file (sink_count, window, ceiling, rollback,
@@ -163,6 +166,7 @@ def _read_model_info(path: Path) -> ModelInfo:
         sliding_window=get(f"{arch}.attention.sliding_window"),
         nope_layers=(tuple(i for i, r in enumerate(layout["rope"]) if not r) if rope_type != "none" else ()),
         swa_layers=tuple(i for i, w in enumerate(layout["swa"]) if w),
+        recurrent_layers=tuple(i for i, r in enumerate(layout["recurrent"]) if r),
         rope_freq_factors=any(t.name in ("rope_freqs.weight", "rope_factors_long.weight") for t in reader.tensors),
         file_size=path.stat().st_size,
         attention_metadata={name: get(key) for name, key in _attention_keys(arch).items() if get(key) is not None},
@@ -211,6 +215,11 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     # the Lambda window, the ceiling and the temperature apply to the global layers of a model with sliding-window
     # layers (those keep their own window); the top-k keys and the memory select among one cache for every layer
     swa = "sliding-window layers" if info.swa_layers else None
+    # a model of recurrent layers only has no attention to act on; a hybrid one caches its attention layers apart,
+    # and they take every knob but the document memory (its store holds every layer from the top-k layer on)
+    recurrent = None
+    if info.recurrent_layers and len(info.recurrent_layers) == info.block_count:
+        recurrent = "a recurrent model (it has no attention layers)"
     rotated = None
     ceiling = None
     if info.position_encoding == "none":
@@ -231,5 +240,7 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
         temperature = "learned attention sinks (a logit per head that the temperature would not divide)"
     elif info.architecture in ("t5", "t5encoder"):
         temperature = "T5's relative position bias (added to the logits, which the temperature would not divide)"
-    return {"lambda": None, "ceiling": ceiling or rotated, "temperature": temperature, "top_k": swa or rotated,
-            "memory": swa or memory}
+    if info.recurrent_layers and not recurrent:
+        memory = memory or "recurrent layers"
+    return {"lambda": recurrent, "ceiling": ceiling or rotated or recurrent, "temperature": temperature or recurrent,
+            "top_k": swa or rotated or recurrent, "memory": swa or memory or recurrent}
