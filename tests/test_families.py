@@ -98,9 +98,15 @@ CASES = {
 @pytest.mark.parametrize("ubatch", [1, 64])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_knobs_match_the_oracle(family, case, ubatch):
+    name, model, path, tokens = family
+    _check_case_against_oracle(name, path, tokens, case, ubatch,
+                               lambda cfg, margin=None: forward(model, tokens, cfg, margin=margin))
+
+
+def _check_case_against_oracle(name, path, tokens, case, ubatch, oracle):
+    """The library's logits for CASES[case] against ``oracle(cfg, margin)``, the reference forward pass over tokens."""
     from llama_extrapolate import AttentionConfig
 
-    name, model, path, tokens = family
     kwargs, ref_cfg = CASES[case]
     llm = make_llm(path, AttentionConfig(**kwargs), ubatch=ubatch)
     try:
@@ -108,11 +114,12 @@ def test_knobs_match_the_oracle(family, case, ubatch):
     finally:
         llm.close()
     margin = TopKMargin()
-    ref = forward(model, tokens, ref_cfg, margin=margin)
+    ref = oracle(ref_cfg, margin=margin)
     if ref_cfg.top_k:
         assert margin.rows > 0 and margin.gap > 1e-4, f"top-k choice ill-defined (gap {margin.gap})"
     err = np.abs(got - ref).max()
     assert err < TOL, f"{name}, {case}, ubatch {ubatch}: max |llama.cpp - oracle| = {err}"
+    return ref
 
 
 @pytest.mark.parametrize("top_k", [3, 64])
@@ -144,18 +151,27 @@ def test_document_memory_matches_the_oracle_given_its_selection(family, tmp_path
 def test_a_long_stream_is_rebased_and_stays_exact(family):
     """2000 tokens through a 64-cell window: the positions are moved back many times, and the K-shift that
     re-rotates the cached keys uses each layer's RoPE (factors) and leaves the NoPE layers' keys alone."""
+    name, model, path, _ = family
+    tokens, got, _ = _long_stream(path, model.n_vocab)
+    err = np.abs(got - forward(model, tokens, RefAttention(**LAMBDA))).max()
+    assert err < 5e-3, f"{name}: max |llama.cpp - oracle| = {err}"
+
+
+def _long_stream(path, n_vocab):
+    """2000 random tokens decoded 16 at a time through a 64-cell Lambda cache: (tokens, their logits, the stream's
+    position offset at the end)."""
+    import llama_extrapolate
     from llama_extrapolate import AttentionConfig
     from test_attention import decode_logits
 
-    name, model, path, _ = family
-    tokens = np.random.default_rng(9).integers(3, model.n_vocab, size=2000).tolist()
+    tokens = np.random.default_rng(9).integers(3, n_vocab, size=2000).tolist()
     llm = make_llm(path, AttentionConfig(**LAMBDA, rollback=0), ubatch=16, n_ctx=64, logits_all=False)
     try:
         got = decode_logits(llm, tokens, 16)
+        offset = llama_extrapolate._core.seq_pos_offset(llama_extrapolate.context_address(llm))
     finally:
         llm.close()
-    err = np.abs(got - forward(model, tokens, RefAttention(**LAMBDA))).max()
-    assert err < 5e-3, f"{name}: max |llama.cpp - oracle| = {err}"
+    return tokens, got, offset
 
 
 # --- what the library accepts, said before loading (info) and done at load ------------------------------------------
@@ -616,42 +632,22 @@ def test_a_hybrid_model_matches_the_oracle(lfm2, case, ubatch):
     """LFM2's attention layers live in a KV cache beside the convolution layers' recurrent state (llama.cpp's hybrid
     memory), whose graph input set the attention tensors itself: before patch 0039 the ceiling's far span was never
     set (3.6 logits off past C) and the top-k keys aborted the process. The convolution layers see every token."""
-    from llama_extrapolate import AttentionConfig
     from reference import forward_lfm2
 
     model, path, tokens = lfm2
-    kwargs, ref_cfg = CASES[case]
-    llm = make_llm(path, AttentionConfig(**kwargs), ubatch=ubatch)
-    try:
-        got = logits(llm, tokens)
-    finally:
-        llm.close()
-    margin = TopKMargin()
-    ref = forward_lfm2(model, tokens, ref_cfg, margin=margin)
-    if ref_cfg.top_k:
-        assert margin.rows > 0 and margin.gap > 1e-4, f"top-k choice ill-defined (gap {margin.gap})"
+    ref = _check_case_against_oracle("lfm2", path, tokens, case, ubatch,
+                                     lambda cfg, margin=None: forward_lfm2(model, tokens, cfg, margin=margin))
     if case != "vanilla":
         assert np.abs(ref - forward_lfm2(model, tokens)).max() > 0.5, "the knobs must change the logits"
-    err = np.abs(got - ref).max()
-    assert err < TOL, f"lfm2, {case}, ubatch {ubatch}: max |llama.cpp - oracle| = {err}"
 
 
 def test_a_hybrid_stream_is_rebased_and_stays_exact(lfm2):
     """2000 tokens through a 64-cell cache: the attention layers' positions are re-based many times (their keys
     rotated by the K-shift), the recurrent state goes on through every token."""
-    import llama_extrapolate
-    from llama_extrapolate import AttentionConfig
     from reference import forward_lfm2
-    from test_attention import decode_logits
 
     model, path, _ = lfm2
-    tokens = np.random.default_rng(9).integers(3, model.n_vocab, size=2000).tolist()
-    llm = make_llm(path, AttentionConfig(**LAMBDA, rollback=0), ubatch=16, n_ctx=64, logits_all=False)
-    try:
-        got = decode_logits(llm, tokens, 16)
-        offset = llama_extrapolate._core.seq_pos_offset(llama_extrapolate.context_address(llm))
-    finally:
-        llm.close()
+    tokens, got, offset = _long_stream(path, model.n_vocab)
     assert offset > 1800, f"the stream was not re-based (offset {offset})"
     err = np.abs(got - forward_lfm2(model, tokens, RefAttention(**LAMBDA))).max()
     assert err < 5e-3, f"lfm2 stream: max |llama.cpp - oracle| = {err}"
