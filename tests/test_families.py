@@ -669,6 +669,47 @@ def test_a_hybrid_model_refuses_only_the_memory(lfm2, capsys):
     assert "  memory           refused: recurrent layers" in out, out
 
 
+@pytest.mark.parametrize("name", ["lfm2-sliding-window", "gemma3-five-layers"])
+def test_a_model_without_a_global_layer_refuses_the_lambda_knobs(tmp_path, name):
+    """The Lambda window, its ceiling and the temperature act on the global layers; the sliding-window layers keep
+    their own window and tau = 1. With every attention layer sliding-window (LFM2 with a window, whose hybrid-iSWA
+    memory then has an empty global cache; Gemma 3's pattern of five sliding-window layers to a global one, cut at
+    five layers) there is nothing for them to act on: before patch 0040 they loaded and the model computed its own
+    attention. Now each is refused at load with the reason, as the top-k keys and the memory already were; without
+    knobs the model loads."""
+    from llama_extrapolate import read_model_info
+    from tinymodel import TinyGemma3, TinyLfm2
+
+    model = TinyLfm2(seed=5, sliding_window=16) if name.startswith("lfm2") else TinyGemma3(n_layer=5)
+    model.make_weights()
+    path = model.write(tmp_path / f"tiny-{name}.gguf")
+    info = read_model_info(path)
+    attention = set(range(info.block_count)) - set(info.recurrent_layers)
+    assert attention and set(info.swa_layers) == attention, info
+    support = _support_holds(path)
+    why = "a model without a global attention layer (every attention layer is sliding-window)"
+    assert {knob: support[knob] for knob in ("lambda", "ceiling", "temperature")} == dict.fromkeys(
+        ("lambda", "ceiling", "temperature"), why), support
+    assert support["top_k"] == "sliding-window layers"
+    # the library refuses a temperature too where the configuration does not stand before it: a caller of the C API
+    # (every layer keeps tau = 1, so nothing was enabled and the call returned 0) and a temperature in the metadata
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import native
+
+    llm = make_llm(path, None)
+    try:
+        ctx = llama_extrapolate.context_address(llm)
+        n_layer, n_head = np.asarray(native.get_temperature(ctx)[0]).reshape(info.block_count, -1).shape
+        with pytest.raises(ValueError, match="not supported"):
+            native.set_temperature(ctx, np.full((1,), 0.9, np.float32), 0, (), np.zeros((0, n_layer, n_head), np.float32))
+    finally:
+        llm.close()
+    with pytest.raises(ValueError, match="Failed to create llama_context"):
+        llama_cpp.Llama(str(path), n_ctx=256, verbose=False,
+                        kv_overrides={f"{info.architecture}.attention.softmax_temperature": 0.9})
+
+
 def test_a_recurrent_model_refuses_every_knob(tmp_path):
     """Mamba has no attention layer: a Lambda window, a temperature or top-k keys would do nothing, and each is
     refused at load naming the reason (before, they loaded and did nothing); without knobs the model loads."""

@@ -470,11 +470,13 @@ class TinyLfm2(TinyLlama):
     """LFM2 (llama.cpp's ``lfm2``), a hybrid: gated short-convolution layers (a recurrent state of the last L - 1
     inputs, no attention) between attention layers with q/k norms and NEOX RoPE; llama.cpp caches the two kinds
     apart (llama_memory_hybrid: a KV cache for the attention layers, a recurrent state for the others). Here the
-    even layers convolve, the odd ones attend."""
+    even layers convolve, the odd ones attend. With ``sliding_window`` every attention layer is sliding-window
+    (llama.cpp's hybrid-iSWA memory): the model has no global attention layer."""
 
     arch: str = "lfm2"
     n_layer: int = 4
     l_cache: int = 3  # shortconv.l_cache: the convolution's length, the state holds l_cache - 1 inputs
+    sliding_window: int = 0
 
     @property
     def neox(self) -> bool:
@@ -507,6 +509,8 @@ class TinyLfm2(TinyLlama):
             w.add_rope_freq_base(self.rope_base)
             w.add_layer_norm_rms_eps(self.rms_eps)
             w.add_uint32("lfm2.shortconv.l_cache", self.l_cache)
+            if self.sliding_window:
+                w.add_sliding_window(self.sliding_window)
 
         # the convolution layers have no KV heads: that is how llama.cpp tells them apart
         kv_heads = [0 if self.is_recurrent(i) else self.n_head_kv for i in range(self.n_layer)]

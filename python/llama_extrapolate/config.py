@@ -414,6 +414,13 @@ class AttentionConfig:
             raise ValueError(f"temperature={self.temperature!r}: {info.architecture} is a recurrent model (it has no "
                              "attention layers), there is no softmax to divide; use temperature=1 and no schedule")
         swa = tuple(info.swa_layers)
+        if swa and set(range(n_layer)) <= set(swa) | set(info.recurrent_layers) and (
+                np.any(np.asarray(self.temperature) != 1.0) or self.temperature_schedule == "log-length"
+                or self.temperature_points is not None):
+            # every layer would keep tau = 1 and the temperature be silently gone (patch 0040 refuses it in C)
+            raise ValueError(f"temperature={self.temperature!r}: the softmax temperature is not supported with a "
+                             "model without a global attention layer (every attention layer is sliding-window), whose "
+                             "layers all keep tau = 1; use temperature=1 and no schedule")
         tau = _sliding_layers_at_one(tau, swa, np.ndim(self.temperature) > 0, "temperature")
         log_length = 0
         if self.temperature_schedule == "log-length":

@@ -220,6 +220,12 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     recurrent = None
     if info.recurrent_layers and len(info.recurrent_layers) == info.block_count:
         recurrent = "a recurrent model (it has no attention layers)"
+    # the Lambda window, its ceiling and the temperature act on the global layers: with every attention layer
+    # sliding-window (LFM2 with a window, a layer pattern without a global layer) there is none (patch 0040)
+    no_global = None
+    if info.swa_layers and not recurrent and \
+            set(range(info.block_count)) <= set(info.swa_layers) | set(info.recurrent_layers or ()):
+        no_global = "a model without a global attention layer (every attention layer is sliding-window)"
     rotated = None
     ceiling = None
     if info.position_encoding == "none":
@@ -242,5 +248,6 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
         temperature = "T5's relative position bias (added to the logits, which the temperature would not divide)"
     if info.recurrent_layers and not recurrent:
         memory = memory or "recurrent layers"
-    return {"lambda": recurrent, "ceiling": ceiling or rotated or recurrent, "temperature": temperature or recurrent,
+    return {"lambda": recurrent or no_global, "ceiling": ceiling or rotated or recurrent or no_global,
+            "temperature": temperature or recurrent or no_global,
             "top_k": swa or rotated or recurrent, "memory": swa or memory or recurrent}

@@ -50,30 +50,40 @@ def plot_nll(results: dict, path, title: Optional[str] = None) -> None:
     plt.close(fig)
 
 
-def plot_accuracy(results: dict, path) -> None:
-    """One heatmap per configuration: accuracy by length (columns) and depth (rows)."""
+def plot_accuracy(results: dict, path, max_cols: int = 4) -> None:
+    """One heatmap per configuration: accuracy by length (columns) and depth (rows). Every panel has the same
+    columns (the lengths any configuration ran; blank where this one did not), so that the configurations read
+    against each other down a column; at most ``max_cols`` panels a row, titles wrapped at the options."""
     plt = pyplot()
 
     acc = results.get("accuracy") or accuracy_table(results.get("trials", []))
     names = list(acc)
     if not names:
         return
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        lengths = sorted(acc[name], key=int)
-        depths = sorted({d for L in lengths for d in acc[name][L]}, key=float)
-        grid = np.array([[acc[name][L].get(d, np.nan) for L in lengths] for d in depths])
+    lengths = sorted({L for name in names for L in acc[name]}, key=int)
+    depths = sorted({d for name in names for L in acc[name] for d in acc[name][L]}, key=float)
+    cols = min(len(names), max_cols)
+    rows = (len(names) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(1.0 + 0.75 * len(lengths) * cols, 3.4 * rows), squeeze=False,
+                             layout="constrained")
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names):
+        grid = np.array([[acc[name].get(L, {}).get(d, np.nan) for L in lengths] for d in depths])
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
         ax.set_xticks(range(len(lengths)), [f"{int(L) // 1024}k" if int(L) >= 1024 else L for L in lengths])
         ax.set_yticks(range(len(depths)), depths)
         for i in range(len(depths)):
             for j in range(len(lengths)):
                 if np.isfinite(grid[i, j]):
-                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
+                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7)
         ax.set_xlabel("length (tokens)")
         ax.set_ylabel("depth")
-        ax.set_title(f"{results.get('task', '')}: {name}")
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
+        # "lambda+memory:m=64:c=1024:layer" -> "lambda+memory" over "m=64 c=1024 layer"
+        head, _, opts = name.partition(":")
+        ax.set_title(head + ("\n" + opts.replace(":", " ") if opts else ""), fontsize=9)
+    fig.suptitle(f"{results.get('task', '')}: {results.get('model', '')}".strip(": "), fontsize=10)
+    fig.colorbar(im, ax=axes, shrink=0.8, label="accuracy")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
