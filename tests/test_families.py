@@ -537,7 +537,7 @@ def test_latent_attention_refuses_the_knobs_its_k_only_cache_has_not(tmp_path, c
     """DeepSeek-V2's MLA caches one latent key per token and attends through llama.cpp's K-only path, which has
     the Lambda mask and the temperature but no ceiling, top-k keys or statistics: those are refused at load with
     the reason (before patch 0016 they loaded and did nothing)."""
-    from llama_extrapolate import AttentionConfig, native, read_model_info
+    from llama_extrapolate import AttentionConfig, read_model_info, stats
     from llama_extrapolate.cli import main
     from tinymodel import TinyDeepseek2
 
@@ -551,8 +551,8 @@ def test_latent_attention_refuses_the_knobs_its_k_only_cache_has_not(tmp_path, c
     try:
         llm.eval(list(range(3, 80)))  # the Lambda mask runs on the K-only path
         assert np.isfinite(np.asarray(llm.scores[:77])).all()
-        with pytest.raises(ValueError):
-            native.stats_enable(llm, True)
+        with pytest.raises(ValueError, match=r"this model has a K-only \(MLA\) cache"):
+            stats.enable(llm)
     finally:
         llm.close()
     assert main(["info", "--model", str(path)]) == 0
@@ -656,13 +656,19 @@ def test_a_hybrid_stream_is_rebased_and_stays_exact(lfm2):
 def test_a_hybrid_model_refuses_only_the_memory(lfm2, capsys):
     """Every knob but the document memory loads (and is exact, above); the memory, whose store holds every layer from
     the top-k layer on, is refused at load with the reason, and info shows the recurrent layers."""
-    from llama_extrapolate import read_model_info
+    from llama_extrapolate import read_model_info, stats
     from llama_extrapolate.cli import main
 
     _, path, _ = lfm2
     assert read_model_info(path).recurrent_layers == (0, 2)
     support = _support_holds(path)
     assert {k: v for k, v in support.items() if v is not None} == {"memory": "recurrent layers"}
+    llm = make_llm(path, None)
+    try:
+        with pytest.raises(ValueError, match=r"this model has recurrent layers \(2 of 4"):
+            stats.enable(llm)
+    finally:
+        llm.close()
     assert main(["info", "--model", str(path)]) == 0
     out = capsys.readouterr().out
     assert "recurrent layers 0, 2 (a state instead of attention" in out, out
@@ -677,7 +683,9 @@ def test_a_model_without_a_global_layer_refuses_the_lambda_knobs(tmp_path, name)
     five layers) there is nothing for them to act on: before patch 0040 they loaded and the model computed its own
     attention. Now each is refused at load with the reason, as the top-k keys and the memory already were; without
     knobs the model loads."""
-    from llama_extrapolate import read_model_info
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import native, read_model_info, stats
     from tinymodel import TinyGemma3, TinyLfm2
 
     model = TinyLfm2(seed=5, sliding_window=16) if name.startswith("lfm2") else TinyGemma3(n_layer=5)
@@ -691,14 +699,13 @@ def test_a_model_without_a_global_layer_refuses_the_lambda_knobs(tmp_path, name)
     assert {knob: support[knob] for knob in ("lambda", "ceiling", "temperature")} == dict.fromkeys(
         ("lambda", "ceiling", "temperature"), why), support
     assert support["top_k"] == "sliding-window layers"
-    # the library refuses a temperature too where the configuration does not stand before it: a caller of the C API
-    # (every layer keeps tau = 1, so nothing was enabled and the call returned 0) and a temperature in the metadata
-    import llama_cpp
-    import llama_extrapolate
-    from llama_extrapolate import native
-
     llm = make_llm(path, None)
     try:
+        # nor can it collect statistics (one unified cache's softmax): the reason names the model's layers
+        with pytest.raises(ValueError, match="this model has sliding-window layers"):
+            stats.enable(llm)
+        # the library refuses a temperature too where the configuration does not stand before it: a caller of the
+        # C API (every layer keeps tau = 1, so nothing was enabled and the call returned 0) and the metadata's
         ctx = llama_extrapolate.context_address(llm)
         n_layer, n_head = np.asarray(native.get_temperature(ctx)[0]).reshape(info.block_count, -1).shape
         with pytest.raises(ValueError, match="not supported"):

@@ -130,10 +130,30 @@ def enable(llm, on: bool = True) -> None:
     try:
         native.stats_enable(llm, on)
     except ValueError as e:
+        why = _model_refusal(llm)
         raise ValueError(
-            f"attention statistics cannot be collected on this context ({e}): they need flash_attn=False, "
-            "one KV stream (n_seq_max=1 or kv_unified) and a model without sliding-window layers"
+            f"attention statistics cannot be collected on this context ({e})"
+            + (f": this model has {why}" if why else "")
+            + "; they read the softmax of one unified KV cache: they need flash_attn=False, one KV stream "
+            "(n_seq_max=1 or kv_unified), no top-k middle keys, and a model without sliding-window layers, "
+            "recurrent layers or a K-only (MLA) cache"
         ) from None
+
+
+def _model_refusal(llm) -> Optional[str]:
+    """What in the model itself keeps the library from collecting statistics, named so that the user does not
+    try other settings in vain (the library's status only says "not supported")."""
+    info = getattr(llm, "model_info", None)
+    if info is None:
+        return None
+    if info.swa_layers:
+        return f"sliding-window layers ({len(info.swa_layers)} of {info.block_count}, cached apart)"
+    if info.recurrent_layers:
+        return f"recurrent layers ({len(info.recurrent_layers)} of {info.block_count}: its attention layers are " \
+               "cached apart from their state)"
+    if info.latent_attention:
+        return "a K-only (MLA) cache, whose attention path has no statistics"
+    return None
 
 
 def reset(llm) -> None:
