@@ -414,7 +414,7 @@ class AttentionConfig:
             raise ValueError(f"temperature={self.temperature!r}: {info.architecture} is a recurrent model (it has no "
                              "attention layers), there is no softmax to divide; use temperature=1 and no schedule")
         swa = tuple(info.swa_layers)
-        if swa and set(range(n_layer)) <= set(swa) | set(info.recurrent_layers) and (
+        if info.no_global_attention and (
                 np.any(np.asarray(self.temperature) != 1.0) or self.temperature_schedule == "log-length"
                 or self.temperature_points is not None):
             # every layer would keep tau = 1 and the temperature be silently gone (patch 0040 refuses it in C)

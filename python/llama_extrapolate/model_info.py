@@ -63,6 +63,13 @@ class ModelInfo:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def no_global_attention(self) -> bool:
+        """Sliding-window layers, and every layer either one or recurrent: the Lambda window, its ceiling and the
+        temperature, which act on the global layers, have none to act on (patch 0040 refuses them)."""
+        return bool(self.swa_layers) and set(range(self.block_count)) <= set(self.swa_layers) | set(
+            self.recurrent_layers or ())
+
 
 def _field_value(field) -> Any:
     value = field.contents()
@@ -223,8 +230,7 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     # the Lambda window, its ceiling and the temperature act on the global layers: with every attention layer
     # sliding-window (LFM2 with a window, a layer pattern without a global layer) there is none (patch 0040)
     no_global = None
-    if info.swa_layers and not recurrent and \
-            set(range(info.block_count)) <= set(info.swa_layers) | set(info.recurrent_layers or ()):
+    if info.no_global_attention and not recurrent:
         no_global = "a model without a global attention layer (every attention layer is sliding-window)"
     rotated = None
     ceiling = None
