@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from tinymodel import TinyDeepseek2, TinyGemma2, TinyGemma3, TinyLfm2, TinyLlama, TinyMPT
+from tinymodel import TinyDeepseek2, TinyGemma2, TinyGemma3, TinyGptOss, TinyLfm2, TinyLlama, TinyMPT
 
 
 @dataclass
@@ -160,9 +160,12 @@ def half_cache(k, v, positions, *, rope_base: float, neox: bool = False, alibi: 
 def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: float,
               neox: bool = False, alibi_slopes: Optional[np.ndarray] = None,
               stats: Optional[RefStats] = None, margin: Optional[TopKMargin] = None,
-              f16_cache: bool = False, softcap: float = 0.0) -> np.ndarray:
+              f16_cache: bool = False, softcap: float = 0.0,
+              sink_logits: Optional[np.ndarray] = None) -> np.ndarray:
     """q (T, H, D), k and v (T, Hkv, D), unrotated; returns (T, H, D). ``softcap`` > 0: the logits are capped,
-    cap * tanh(s / cap), and then divided by the temperature (the softmax's input, the paper's definition)."""
+    cap * tanh(s / cap), and then divided by the temperature (the softmax's input, the paper's definition).
+    ``sink_logits`` (H,): a learned logit per head that enters every softmax beside the keys' with no value
+    (gpt-oss), taking its share of the weight."""
     T, H, D = q.shape
     if f16_cache:
         k, v = half_cache(k, v, positions, rope_base=rope_base, neox=neox, alibi=alibi_slopes is not None)
@@ -185,9 +188,13 @@ def attention(q, k, v, positions, cfg: RefAttention, layer: int, *, rope_base: f
                                    neox, alibi_slopes, margin, p)
             continue
         mid = np.nonzero(cfg.middle(p, positions))[0] if cfg.selects(layer, p) else np.zeros(0, int)
+        assert sink_logits is None or len(mid) == 0, "the oracle adds sink logits to the window's softmax only"
         if len(mid) == 0:
-            w = np.exp(logits - logits.max(axis=1, keepdims=True))
-            w /= w.sum(axis=1, keepdims=True)
+            top = logits.max(axis=1, keepdims=True)
+            if sink_logits is not None:
+                top = np.maximum(top, sink_logits[:, None])
+            w = np.exp(logits - top)
+            w /= w.sum(axis=1, keepdims=True) + (0.0 if sink_logits is None else np.exp(sink_logits[:, None] - top))
             if stats is not None:
                 stats.add(layer, logits, w, p - positions[keys])
             out[i] = np.einsum("hk,khd->hd", w, vh[keys])
@@ -354,26 +361,33 @@ def gelu(x):
 def forward_mpt(model: TinyMPT, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
                 stats: Optional[RefStats] = None, margin: Optional[TopKMargin] = None,
                 f16_cache: bool = False, capture: Optional[dict] = None) -> np.ndarray:
-    """Logits (T, n_vocab) of a tiny MPT-like (ALiBi) model (f16_cache: K and V rounded to half precision;
-    capture: layer -> (q, k, v), filled when given)."""
+    """Logits (T, n_vocab) of a tiny MPT-like (ALiBi) model, or a GPT-2 (TinyGpt2: a learned embedding per position,
+    biases, no ALiBi) (f16_cache: K and V rounded to half precision; capture: layer -> (q, k, v), filled when given)."""
     cfg = cfg or RefAttention()
     w = {name: t.astype(np.float64) for name, t in model.weights.items()}
     tokens = np.asarray(tokens)
     T, H, D, d = len(tokens), model.n_head, model.head_dim, model.n_embd
     positions = np.arange(T)
     slopes = model.alibi_slopes()
+
+    def bias(name):  # MPT has none of these
+        return w.get(name, 0.0)
+
     x = w["token_embd.weight"][tokens]
+    if "position_embd.weight" in w:
+        x = x + w["position_embd.weight"][positions]
     for il in range(model.n_layer):
         h = layer_norm(x, w[f"blk.{il}.attn_norm.weight"], w[f"blk.{il}.attn_norm.bias"], model.norm_eps)
-        qkv = h @ w[f"blk.{il}.attn_qkv.weight"].T
+        qkv = h @ w[f"blk.{il}.attn_qkv.weight"].T + bias(f"blk.{il}.attn_qkv.bias")
         q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(T, H, D) for i in range(3))
         if capture is not None:
             capture[il] = (q, k, v)
         a = attention(q, k, v, positions, cfg, il, rope_base=0.0, alibi_slopes=slopes, stats=stats, margin=margin,
                       f16_cache=f16_cache)
-        x = x + a.reshape(T, d) @ w[f"blk.{il}.attn_output.weight"].T
+        x = x + a.reshape(T, d) @ w[f"blk.{il}.attn_output.weight"].T + bias(f"blk.{il}.attn_output.bias")
         h = layer_norm(x, w[f"blk.{il}.ffn_norm.weight"], w[f"blk.{il}.ffn_norm.bias"], model.norm_eps)
-        x = x + gelu(h @ w[f"blk.{il}.ffn_up.weight"].T) @ w[f"blk.{il}.ffn_down.weight"].T
+        up = h @ w[f"blk.{il}.ffn_up.weight"].T + bias(f"blk.{il}.ffn_up.bias")
+        x = x + gelu(up) @ w[f"blk.{il}.ffn_down.weight"].T + bias(f"blk.{il}.ffn_down.bias")
     x = layer_norm(x, w["output_norm.weight"], w["output_norm.bias"], model.norm_eps)
     return x @ w["output.weight"].T
 
@@ -413,6 +427,41 @@ def forward_gemma3(model: Union[TinyGemma3, TinyGemma2], tokens: Sequence[int], 
     if gemma2:
         out = x @ w["token_embd.weight"].T
         return model.final_softcap * np.tanh(out / model.final_softcap)
+    return x @ w["output.weight"].T
+
+
+def forward_gptoss(model: TinyGptOss, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
+                   sinks: bool = True) -> np.ndarray:
+    """Logits (T, n_vocab) of a tiny gpt-oss: sliding-window layers (the even ones, the last ``sliding_window``
+    keys) and global ones (``cfg``) alternating, NEOX RoPE, a learned sink logit per head in every softmax
+    (``sinks=False`` leaves them out, to show they matter), a bias on the attention output, then a mixture of experts
+    after the post-attention norm: the router (with its bias) picks the top expert (one is used here, weight 1),
+    whose gate and up rows (with biases) go through OpenAI's clamped SwiGLU, min(g, 7) * sigmoid(1.702 min(g, 7)) *
+    (clip(u, -7, 7) + 1), and its down rows (with a bias)."""
+    cfg = cfg or RefAttention()
+    swa = RefAttention(window=model.sliding_window)
+    w = {name: t.astype(np.float64) for name, t in model.weights.items()}
+    tokens = np.asarray(tokens)
+    T, H, Hkv, D, eps = len(tokens), model.n_head, model.n_head_kv, model.head_dim, 1e-5
+    positions = np.arange(T)
+    x = w["token_embd.weight"][tokens]
+    for il in range(model.n_layer):
+        b = f"blk.{il}."
+        h = rms_norm(x, w[b + "attn_norm.weight"], eps)
+        q = (h @ w[b + "attn_q.weight"].T).reshape(T, H, D)
+        k = (h @ w[b + "attn_k.weight"].T).reshape(T, Hkv, D)
+        v = (h @ w[b + "attn_v.weight"].T).reshape(T, Hkv, D)
+        a = attention(q, k, v, positions, swa if model.is_swa(il) else cfg, il, rope_base=10000.0, neox=True,
+                      sink_logits=w[b + "attn_sinks.weight"] if sinks else None)
+        x = x + a.reshape(T, H * D) @ w[b + "attn_output.weight"].T + w[b + "attn_output.bias"]
+        h = rms_norm(x, w[b + "post_attention_norm.weight"], eps)
+        expert = np.argmax(h @ w[b + "ffn_gate_inp.weight"].T + w[b + "ffn_gate_inp.bias"], axis=1)
+        for t, e in enumerate(expert):
+            g = np.minimum(w[b + "ffn_gate_exps.weight"][e] @ h[t] + w[b + "ffn_gate_exps.bias"][e], 7.0)
+            u = np.clip(w[b + "ffn_up_exps.weight"][e] @ h[t] + w[b + "ffn_up_exps.bias"][e], -7.0, 7.0)
+            act = g / (1.0 + np.exp(-1.702 * g)) * (u + 1.0)
+            x[t] = x[t] + w[b + "ffn_down_exps.weight"][e] @ act + w[b + "ffn_down_exps.bias"][e]
+    x = rms_norm(x, w["output_norm.weight"], eps)
     return x @ w["output.weight"].T
 
 

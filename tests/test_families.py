@@ -16,7 +16,10 @@ inside the attention. That rotation must be the one the model gave the layer:
   below scaled q by the cache's positions);
 - LFM2, a hybrid, caches its attention layers apart from its convolution layers' recurrent state: the knobs act
   on the attention layers (before patch 0039 the ceiling was wrong there and the top-k keys aborted), and a
-  recurrent model (Mamba) refuses them all.
+  recurrent model (Mamba) refuses them all;
+- Qwen2-VL's multi-section RoPE takes the mask and the temperature (a text token's rotation is NEOX's) and refuses
+  the second rotation; GPT-2's learned positions take the temperature and refuse the Lambda window (none past the
+  training length: patch 0041), as T5, whose encoder reads the whole input, does (patch 0042).
 
 Tiny random models of each layout (f32 caches), the same cases as tests/test_attention.py and test_top_k.py.
 Before patch 0011 the first model was refused (rope_freqs, attention factor) and the second was wrong.
@@ -47,6 +50,13 @@ FAMILIES = {
     "smollm3-nope": lambda: TinyLlama(arch="smollm3", n_layer=4),
     "mistral3-temperature-tuning": lambda: TinyLlama(arch="mistral3", attn_temp_scale=0.5, attn_temp_floor=16),
 }
+
+
+def _written(tmp_path_factory, model, name):
+    """(model, its GGUF file, N_TOKENS random tokens): a module fixture's tiny model."""
+    model.make_weights()
+    path = model.write(tmp_path_factory.mktemp(name) / f"tiny-{name}.gguf")
+    return model, path, random_tokens(model, N_TOKENS, seed=2)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -105,21 +115,29 @@ def test_knobs_match_the_oracle(family, case, ubatch):
 
 def _check_case_against_oracle(name, path, tokens, case, ubatch, oracle):
     """The library's logits for CASES[case] against ``oracle(cfg, margin)``, the reference forward pass over tokens."""
+    kwargs, ref_cfg = CASES[case]
+    margin = TopKMargin()
+    ref = oracle(ref_cfg, margin=margin)
+    if ref_cfg.top_k:
+        assert margin.rows > 0 and margin.gap > 1e-4, f"top-k choice ill-defined (gap {margin.gap})"
+    _matches(f"{name}, {case}", path, tokens, kwargs, ubatch, ref)
+    return ref
+
+
+def _matches(what, path, tokens, kwargs, ubatch, ref, plain=None, tol=TOL):
+    """The library's logits over tokens with AttentionConfig(**kwargs) equal the oracle's ``ref`` within tol;
+    ``plain``, the oracle without the knob, must differ from ref (so that a library ignoring it would fail)."""
     from llama_extrapolate import AttentionConfig
 
-    kwargs, ref_cfg = CASES[case]
+    if plain is not None:
+        assert np.abs(ref - plain).max() > 0.5, f"{what}: the knob must change the logits"
     llm = make_llm(path, AttentionConfig(**kwargs), ubatch=ubatch)
     try:
         got = logits(llm, tokens)
     finally:
         llm.close()
-    margin = TopKMargin()
-    ref = oracle(ref_cfg, margin=margin)
-    if ref_cfg.top_k:
-        assert margin.rows > 0 and margin.gap > 1e-4, f"top-k choice ill-defined (gap {margin.gap})"
     err = np.abs(got - ref).max()
-    assert err < TOL, f"{name}, {case}, ubatch {ubatch}: max |llama.cpp - oracle| = {err}"
-    return ref
+    assert err < tol, f"{what}, ubatch {ubatch}: max |llama.cpp - oracle| = {err}"
 
 
 @pytest.mark.parametrize("top_k", [3, 64])
@@ -157,7 +175,7 @@ def test_a_long_stream_is_rebased_and_stays_exact(family):
     assert err < 5e-3, f"{name}: max |llama.cpp - oracle| = {err}"
 
 
-def _long_stream(path, n_vocab):
+def _long_stream(path, n_vocab, lam=LAMBDA):
     """2000 random tokens decoded 16 at a time through a 64-cell Lambda cache: (tokens, their logits, the stream's
     position offset at the end)."""
     import llama_extrapolate
@@ -165,7 +183,7 @@ def _long_stream(path, n_vocab):
     from test_attention import decode_logits
 
     tokens = np.random.default_rng(9).integers(3, n_vocab, size=2000).tolist()
-    llm = make_llm(path, AttentionConfig(**LAMBDA, rollback=0), ubatch=16, n_ctx=64, logits_all=False)
+    llm = make_llm(path, AttentionConfig(**lam, rollback=0), ubatch=16, n_ctx=64, logits_all=False)
     try:
         got = decode_logits(llm, tokens, 16)
         offset = llama_extrapolate._core.seq_pos_offset(llama_extrapolate.context_address(llm))
@@ -219,8 +237,9 @@ def test_knob_support_says_what_loading_does(family, tiny_mpt_model, tiny_llama)
 
 
 def test_knob_support_without_a_position_encoding_gives_the_configurations_reasons(tiny_llama):
-    """No llama.cpp architecture here loads without RoPE or ALiBi (gpt2 needs its own tensors): the model's facts
-    say "none" instead, and the reasons knob_support gives are those AttentionConfig raises."""
+    """No tiny model here has attention without any position encoding (Nemotron-H's NoPE attention layers sit in a
+    hybrid): the model's facts say "none" instead, and the reasons knob_support gives are those AttentionConfig
+    raises."""
     from dataclasses import replace
 
     from llama_extrapolate import AttentionConfig, knob_support, read_model_info
@@ -271,10 +290,7 @@ def gemma(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory):
-    model = _tiny_gemma("gemma3")
-    model.make_weights()
-    path = model.write(tmp_path_factory.mktemp("gemma3") / "tiny-gemma3.gguf")
-    return model, path, random_tokens(model, N_TOKENS, seed=2)
+    return _written(tmp_path_factory, _tiny_gemma("gemma3"), "gemma3")
 
 
 def _per_layer_tau(model):
@@ -328,18 +344,11 @@ def test_the_gemma_oracles_keep_the_sliding_window_layers_apart(gemma):
 @pytest.mark.parametrize("ubatch", [1, 64])
 @pytest.mark.parametrize("case", sorted(GEMMA_CASES))
 def test_gemma_knobs_match_the_oracle(gemma, case, ubatch):
-    from llama_extrapolate import AttentionConfig
     from reference import forward_gemma3
 
     model, path, tokens, tol = gemma
     kwargs, ref_cfg = GEMMA_CASES[case](model)
-    llm = make_llm(path, AttentionConfig(**kwargs), ubatch=ubatch)
-    try:
-        got = logits(llm, tokens)
-    finally:
-        llm.close()
-    err = np.abs(got - forward_gemma3(model, tokens, ref_cfg)).max()
-    assert err < tol, f"{model.arch}, {case}, ubatch {ubatch}: max |llama.cpp - oracle| = {err}"
+    _matches(f"{model.arch}, {case}", path, tokens, kwargs, ubatch, forward_gemma3(model, tokens, ref_cfg), tol=tol)
 
 
 # flash attention reads K and V in half precision: against the f16 oracle, or the non-flash path. Largest measured:
@@ -492,8 +501,8 @@ def test_a_temperature_the_softmax_would_not_take_whole_is_refused(tiny_llama, m
     info = replace(read_model_info(tiny_llama[1]), **facts)
     assert words in knob_support(info)["temperature"]
     monkeypatch.setattr(llama_module, "read_model_info", lambda path: info)
-    with pytest.raises(ValueError, match=words):
-        make_llm(tiny_llama[1], AttentionConfig(**LAMBDA, temperature=0.9))
+    with pytest.raises(ValueError, match=words):  # (the temperature alone: T5 refuses the Lambda window too)
+        make_llm(tiny_llama[1], AttentionConfig(**KNOB_CONFIGS["temperature"]))
     if "architecture" not in facts:  # (the settings go in under the architecture's name: a llama file here)
         make_llm(tiny_llama[1], AttentionConfig(**LAMBDA)).close()  # no temperature: loads
 
@@ -531,6 +540,32 @@ def test_learned_sink_logits_refuse_the_temperature_in_python_and_in_the_library
         llama_cpp.Llama(str(path), n_ctx=256, verbose=False,
                         kv_overrides={"gpt-oss.attention.softmax_temperature": 0.9})
     llama_cpp.Llama(str(path), n_ctx=256, verbose=False).close()  # the file itself loads
+
+
+@pytest.fixture(scope="module")
+def gptoss(tmp_path_factory):
+    from tinymodel import TinyGptOss
+
+    return _written(tmp_path_factory, TinyGptOss(), "gpt-oss")
+
+
+GPTOSS_CASES = {name: GEMMA_CASES[name] for name in ("vanilla", "lambda", "ceiling-only")}
+GPTOSS_CASES["lambda+ceiling"] = lambda m: (dict(LAMBDA), RefAttention(**LAMBDA))
+
+
+@pytest.mark.parametrize("ubatch", [1, 64])
+@pytest.mark.parametrize("case", sorted(GPTOSS_CASES))
+def test_gpt_oss_takes_the_lambda_window_and_the_ceiling_exactly(gptoss, case, ubatch):
+    """gpt-oss: the sink logits enter every softmax (the sliding-window layers' and the global ones', where the
+    Lambda window and its ceiling act) beside the keys' logits, once; the oracle without them differs."""
+    from reference import forward_gptoss
+
+    model, path, tokens = gptoss
+    kwargs, ref_cfg = GPTOSS_CASES[case](model)
+    ref = forward_gptoss(model, tokens, ref_cfg)
+    assert np.abs(ref - forward_gptoss(model, tokens, ref_cfg, sinks=False)).max() > 0.5, "the sinks must matter"
+    plain = forward_gptoss(model, tokens) if case != "vanilla" else None
+    _matches(f"gpt-oss, {case}", path, tokens, kwargs, ubatch, ref, plain)
 
 
 def test_latent_attention_refuses_the_knobs_its_k_only_cache_has_not(tmp_path, capsys):
@@ -573,10 +608,7 @@ MLA_CASES = {
 def tiny_mla(tmp_path_factory):
     from tinymodel import TinyDeepseek2
 
-    model = TinyDeepseek2()
-    model.make_weights()
-    path = model.write(tmp_path_factory.mktemp("mla") / "tiny-deepseek2.gguf")
-    return model, path, random_tokens(model, N_TOKENS, seed=2)
+    return _written(tmp_path_factory, TinyDeepseek2(), "deepseek2")
 
 
 @pytest.mark.parametrize("ubatch", [1, 64])
@@ -585,21 +617,12 @@ def test_latent_attention_matches_the_oracle(tiny_mla, case, ubatch):
     """The knobs the K-only (MLA) path keeps, the Lambda mask and the temperature, against an oracle that writes
     the latent attention out head by head (reference.forward_mla): 300 tokens through a 4 + 32 cache, so the
     bounded cache frees and re-bases the latent keys' RoPE part as it goes."""
-    from llama_extrapolate import AttentionConfig
     from reference import forward_mla
 
     model, path, tokens = tiny_mla
     kwargs, ref_cfg = MLA_CASES[case]
-    llm = make_llm(path, AttentionConfig(**kwargs), ubatch=ubatch)
-    try:
-        got = logits(llm, tokens)
-    finally:
-        llm.close()
-    ref = forward_mla(model, tokens, ref_cfg)
-    if case != "vanilla":
-        assert np.abs(ref - forward_mla(model, tokens)).max() > 0.5, "the knob must change the logits"
-    err = np.abs(got - ref).max()
-    assert err < TOL, f"{case}, ubatch {ubatch}: max |llama.cpp - oracle| = {err}"
+    plain = forward_mla(model, tokens) if case != "vanilla" else None
+    _matches(f"deepseek2, {case}", path, tokens, kwargs, ubatch, forward_mla(model, tokens, ref_cfg), plain)
 
 
 def test_info_shows_nope_layers_and_knobs(family, capsys):
@@ -614,16 +637,189 @@ def test_info_shows_nope_layers_and_knobs(family, capsys):
         assert f"  {knob:16s} supported" in out, out
 
 
+# --- multi-section RoPE (Qwen2-VL): the Lambda mask and the temperature, not the second rotation ------------------------
+
+@pytest.fixture(scope="module")
+def qwen2vl(tmp_path_factory):
+    return _written(tmp_path_factory, TinyLlama(arch="qwen2vl"), "qwen2vl")
+
+
+MROPE_CASES = {
+    "vanilla": (dict(sinks=0, window=0, ceiling=0), RefAttention()),
+    "lambda": (dict(LAMBDA, ceiling=0), RefAttention(sinks=4, window=32)),
+    "lambda+temperature": (dict(LAMBDA, ceiling=0, temperature=0.9), RefAttention(sinks=4, window=32, tau=0.9)),
+    "temperature": (dict(sinks=0, window=0, ceiling=0, temperature=0.8), RefAttention(tau=0.8)),
+}
+
+
+@pytest.mark.parametrize("ubatch", [1, 64])
+@pytest.mark.parametrize("case", sorted(MROPE_CASES))
+def test_multi_section_rope_takes_the_lambda_mask_and_the_temperature_exactly(qwen2vl, case, ubatch):
+    """A text token takes one position in every section, so the oracle is NEOX RoPE; the mask and the temperature
+    touch no rotation and are exact. The ceiling, the top-k keys and the memory rotate q and the keys a second time,
+    which llama.cpp's multi-section rotation does not take from one position: refused with the reason."""
+    model, path, tokens = qwen2vl
+    kwargs, ref_cfg = MROPE_CASES[case]
+    plain = forward(model, tokens) if case != "vanilla" else None
+    _matches(f"qwen2vl, {case}", path, tokens, kwargs, ubatch, forward(model, tokens, ref_cfg), plain)
+
+
+def test_multi_section_rope_refuses_the_second_rotation_and_streams_without_rebasing(qwen2vl):
+    """knob_support holds (the ceiling, the top-k keys and the memory refused as "multi-section RoPE"); llama.cpp
+    cannot K-shift multi-section keys, so a long stream keeps the text's positions (never re-based) and stays exact
+    in its 64 cells: the mask needs no re-basing without a ceiling."""
+    from llama_extrapolate import read_model_info
+
+    model, path, _ = qwen2vl
+    info = read_model_info(path)
+    assert info.rope_type == "mrope", info.rope_type
+    support = _support_holds(path)
+    assert {k: v for k, v in support.items() if v is not None} == {
+        "ceiling": "multi-section RoPE", "top_k": "multi-section RoPE", "memory": "multi-section RoPE"}, support
+    tokens, got, offset = _long_stream(path, model.n_vocab, dict(LAMBDA, ceiling=0))
+    assert offset == 0, f"a multi-section stream cannot be re-based (offset {offset})"
+    err = np.abs(got - forward(model, tokens, RefAttention(sinks=4, window=32))).max()
+    assert err < 5e-3, f"qwen2vl stream: max |llama.cpp - oracle| = {err}"
+
+
+# --- learned absolute position embeddings (GPT-2, StarCoder): the temperature, no Lambda window --------------------------
+
+# ggml's GELU reads a half-precision table: 2.5e-3 on this GPT-2 and 3.2e-3 on the tiny MPT at ubatch 1 (measured; the
+# tanh form the oracle computes, float64)
+TOL_GELU = 5e-3
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    from tinymodel import TinyGpt2
+
+    return _written(tmp_path_factory, TinyGpt2(n_ctx_train=512), "gpt2")  # rows for the oracle's 300 tokens
+
+
+@pytest.mark.parametrize("ubatch", [1, 64])
+@pytest.mark.parametrize("tau", [1.0, 0.8])
+def test_learned_positions_take_the_temperature_exactly(gpt2, tau, ubatch):
+    """The temperature divides the logits and touches no position: exact on a GPT-2 (the oracle adds each position's
+    embedding to its token's, and the biases)."""
+    from reference import forward_mpt
+
+    model, path, tokens = gpt2
+    ref = forward_mpt(model, tokens, RefAttention(tau=tau))
+    no_positions = replace_weights(model, **{"position_embd.weight": np.zeros_like(model.weights["position_embd.weight"])})
+    assert np.abs(ref - forward_mpt(no_positions, tokens, RefAttention(tau=tau))).max() > 0.5, "positions must matter"
+    plain = forward_mpt(model, tokens) if tau != 1.0 else None
+    _matches(f"gpt2, tau {tau}", path, tokens, KNOB_CONFIGS["temperature"] | dict(temperature=tau), ubatch, ref, plain,
+             tol=TOL_GELU)
+
+
+def replace_weights(model, **tensors):
+    from dataclasses import replace
+
+    return replace(model, weights={**model.weights, **tensors})
+
+
+def _survives(code: str, path) -> str:
+    """Run ``code`` (argv[1]: the model) in a process of its own, where an abort in llama.cpp would end only that one
+    and fail here with its output; its stdout."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, f"the process died ({run.returncode}): {run.stdout[-1000:]} {run.stderr[-2000:]}"
+    return run.stdout
+
+
+_PAST_THE_POSITIONS = """
+import sys
+from llama_extrapolate import logs  # first: llama_cpp on the patched library
+import llama_cpp
+llm = llama_cpp.Llama(sys.argv[1], n_ctx=1024, n_batch=64, n_ubatch=64, verbose=False)
+mark = logs.error_mark()
+try:
+    llm.eval(list(range(3, 259)) * 3)
+except RuntimeError as exc:
+    print("refused:", exc, "|", logs.errors_since(mark))
+else:
+    print("read", llm.n_tokens)
+"""
+
+
+def test_learned_positions_refuse_the_lambda_window_and_the_positions_past_them(gpt2, capsys):
+    """A GPT-2 has an embedding per position up to its training length and none past it (patch 0041): the Lambda
+    window, its ceiling, the top-k keys and the memory are refused at load with the reason (in Python before
+    loading, in llama.cpp from the file's metadata), llama_extrapolate.Llama refuses n_ctx past the positions, and
+    plain llama_cpp with such an n_ctx gets a refused batch where the first position past them aborted the process."""
+    import llama_cpp
+
+    import llama_extrapolate
+    from llama_extrapolate import read_model_info
+    from llama_extrapolate.cli import main
+    from llama_extrapolate.model_info import LEARNED_POSITIONS
+
+    model, path, _ = gpt2
+    assert read_model_info(path).position_encoding == "learned"
+    support = _support_holds(path)
+    assert support == {"lambda": LEARNED_POSITIONS, "ceiling": LEARNED_POSITIONS, "temperature": None,
+                       "top_k": LEARNED_POSITIONS, "memory": LEARNED_POSITIONS}, support
+    with pytest.raises(ValueError, match="Failed to create llama_context"):
+        llama_cpp.Llama(str(path), n_ctx=256, verbose=False,
+                        kv_overrides={"gpt2.attention.lambda.sink_count": 4, "gpt2.attention.lambda.window": 32})
+    with pytest.raises(ValueError, match=r"n_ctx=1024: gpt2 has learned absolute position embeddings.*n_ctx <= 512"):
+        llama_extrapolate.Llama(str(path), n_ctx=1024, verbose=False)
+    llama_extrapolate.Llama(str(path), n_ctx=512, verbose=False).close()
+    out = _survives(_PAST_THE_POSITIONS, path)
+    assert "refused: llama_decode returned -1" in out, out
+    assert "is at position 512: the model's learned absolute position embeddings cover positions 0 to 511" in out, out
+    assert main(["info", "--model", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "position         learned absolute embeddings, one per position up to 512" in out, out
+    assert f"  lambda           refused: {LEARNED_POSITIONS}" in out, out
+
+
+_DECODE_BEFORE_ENCODE = """
+import sys
+from llama_extrapolate import logs  # first: llama_cpp on the patched library
+import llama_cpp
+llm = llama_cpp.Llama(sys.argv[1], n_ctx=256, verbose=False)
+mark = logs.error_mark()
+try:
+    llm.create_completion("abc", max_tokens=3)
+except RuntimeError as exc:
+    print("refused:", exc, "|", logs.errors_since(mark))
+else:
+    print("answered")
+"""
+
+
+def test_t5_refuses_the_lambda_knobs_and_a_decode_before_its_encoder(tmp_path):
+    """T5 reads its input with the encoder, all at once and without a cache (patch 0042): the Lambda knobs are refused
+    at load with the reason (the temperature for its relative position bias, patch 0020). llama-cpp-python's Llama
+    decodes a T5 prompt without encoding it, which aborted the process in llama.cpp: the decode is refused now."""
+    import llama_cpp
+
+    from llama_extrapolate.model_info import ENCODER_MODEL
+    from tinymodel import TinyT5
+
+    path = TinyT5().write(tmp_path / "tiny-t5.gguf")
+    support = _support_holds(path)
+    assert support == {"lambda": ENCODER_MODEL, "ceiling": ENCODER_MODEL, "top_k": ENCODER_MODEL,
+                       "memory": ENCODER_MODEL, "temperature": support["temperature"]}, support
+    assert "relative position bias" in support["temperature"]
+    with pytest.raises(ValueError, match="Failed to create llama_context"):
+        llama_cpp.Llama(str(path), n_ctx=256, verbose=False,
+                        kv_overrides={"t5.attention.lambda.sink_count": 4, "t5.attention.lambda.window": 32})
+    out = _survives(_DECODE_BEFORE_ENCODE, path)
+    assert "refused: llama_decode returned -1" in out and "call llama_encode on the input first" in out, out
+
+
 # --- hybrid models (recurrent layers beside attention layers: LFM2) and recurrent ones (Mamba) ------------------------
 
 @pytest.fixture(scope="module")
 def lfm2(tmp_path_factory):
     from tinymodel import TinyLfm2
 
-    model = TinyLfm2(seed=5)  # weights whose top-3 middle keys are well apart (TopKMargin below)
-    model.make_weights()
-    path = model.write(tmp_path_factory.mktemp("lfm2") / "tiny-lfm2.gguf")
-    return model, path, random_tokens(model, N_TOKENS, seed=2)
+    # weights whose top-3 middle keys are well apart (TopKMargin below)
+    return _written(tmp_path_factory, TinyLfm2(seed=5), "lfm2")
 
 
 @pytest.mark.parametrize("ubatch", [1, 64])

@@ -15,6 +15,9 @@ import numpy as np
 
 
 TRAINING_LENGTH = "n_ctx_train"  # write the model's own context length
+# Qwen2-VL's rotated pairs per section (temporal, height, width, unused), here for a 16-dimension head: llama.cpp
+# gives a text token its position in the first three and 0 in the fourth, which must stay empty
+ROPE_SECTIONS = [2, 3, 3, 0]
 
 
 def _write(path: Path, arch: str, model, n_head_kv: int, add_hparams, context_length=TRAINING_LENGTH,
@@ -61,7 +64,8 @@ def _write(path: Path, arch: str, model, n_head_kv: int, add_hparams, context_le
 class TinyLlama:
     """llama-like; arch "qwen2" gives the same network with NEOX-style RoPE, arch "phi3" too, written in Phi-3's
     layout (fused attn_qkv, gate and up fused in ffn_up; llama.cpp scales q by 1/sqrt(head_dim) before the
-    attention and the scores by 1)."""
+    attention and the scores by 1); arch "qwen2vl" with Qwen2-VL's multi-section RoPE (``ROPE_SECTIONS``: text
+    tokens take the same position in every section, so their rotation is NEOX's)."""
 
     arch: str = "llama"
     n_vocab: int = 259  # 3 specials + all 256 byte tokens (the SPM tokenizer needs every byte)
@@ -91,7 +95,7 @@ class TinyLlama:
 
     @property
     def neox(self) -> bool:
-        return self.arch in ("qwen2", "phi3")
+        return self.arch in ("qwen2", "phi3", "qwen2vl")
 
     def has_rope(self, il: int) -> bool:
         """SmolLM3 ("smollm3") leaves every fourth layer without RoPE (NoPE), as llama.cpp builds it."""
@@ -171,6 +175,8 @@ class TinyLlama:
                 w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
                 w.add_rope_scaling_factor(self.yarn_factor)
                 w.add_rope_scaling_orig_ctx_len(self.n_ctx_train)
+            if arch == "qwen2vl":
+                w.add_rope_dimension_sections(ROPE_SECTIONS)
             if self.attn_temp_scale:
                 w.add_float32(f"{arch}.attention.temperature_scale", self.attn_temp_scale)
                 w.add_rope_scaling_orig_ctx_len(self.attn_temp_floor)
@@ -260,6 +266,78 @@ class TinyMPT:
             w.add_max_alibi_bias(self.max_alibi_bias)
 
         return _write(path, "mpt", self, self.n_head, hparams)
+
+
+@dataclass
+class TinyGpt2(TinyMPT):
+    """A GPT-2: MPT's layout without ALiBi, a learned embedding per position up to the context length
+    (``position_embd``, none past it: patch 0041) and biases on every projection."""
+
+    def alibi_slopes(self) -> np.ndarray:
+        return np.zeros(self.n_head)  # no bias by distance: the position is in the embedding
+
+    def make_weights(self) -> None:
+        super().make_weights()
+        rng = np.random.default_rng(self.seed + 1)
+        d, w = self.n_embd, self.weights
+
+        def vec(*shape, scale=0.1):
+            return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+        w["position_embd.weight"] = vec(self.n_ctx_train, d, scale=0.3)
+        for i in range(self.n_layer):
+            w[f"blk.{i}.attn_qkv.bias"] = vec(3 * d)
+            w[f"blk.{i}.attn_output.bias"] = vec(d)
+            w[f"blk.{i}.ffn_up.bias"] = vec(self.n_ff)
+            w[f"blk.{i}.ffn_down.bias"] = vec(d)
+
+    def write(self, path: Path) -> Path:
+        return _write(path, "gpt2", self, self.n_head, lambda w: w.add_layer_norm_eps(self.norm_eps))
+
+
+@dataclass
+class TinyT5:
+    """A T5 (encoder-decoder, a relative position bias per head and distance bucket in the first layer of each
+    stack): for what loading does with it, not for an oracle."""
+
+    n_vocab: int = 259
+    n_embd: int = 32
+    n_head: int = 4
+    n_layer: int = 2
+    n_ff: int = 48
+    n_ctx_train: int = 512
+    n_buckets: int = 32
+    seed: int = 0
+    weights: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    def make_weights(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        d = self.n_embd
+
+        def mat(rows, cols):
+            return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+        w = {"token_embd.weight": rng.standard_normal((self.n_vocab, d)).astype(np.float32),
+             "enc.output_norm.weight": np.ones(d, np.float32), "dec.output_norm.weight": np.ones(d, np.float32)}
+        for stack, parts in (("enc", ("attn",)), ("dec", ("attn", "cross_attn"))):
+            w[f"{stack}.blk.0.attn_rel_b.weight"] = mat(self.n_buckets, self.n_head)
+            for i in range(self.n_layer):
+                for part in parts:
+                    w[f"{stack}.blk.{i}.{part}_norm.weight"] = np.ones(d, np.float32)
+                    for proj in "qkvo":
+                        w[f"{stack}.blk.{i}.{part}_{proj}.weight"] = mat(d, d)
+                w[f"{stack}.blk.{i}.ffn_norm.weight"] = np.ones(d, np.float32)
+                w[f"{stack}.blk.{i}.ffn_up.weight"] = mat(self.n_ff, d)
+                w[f"{stack}.blk.{i}.ffn_down.weight"] = mat(d, self.n_ff)
+        self.weights = w
+
+    def write(self, path: Path) -> Path:
+        def hparams(w):
+            w.add_layer_norm_rms_eps(1e-6)
+            w.add_relative_attn_buckets_count(self.n_buckets)
+            w.add_decoder_start_token_id(0)
+
+        return _write(path, "t5", self, self.n_head, hparams)
 
 
 @dataclass
@@ -403,8 +481,8 @@ class TinyDeepseek2:
 class TinyGptOss:
     """gpt-oss (llama.cpp's ``gpt-oss`` architecture) in its smallest form: sliding-window and global layers
     alternating, a learned sink logit per head (``attn_sinks``), a mixture of experts for the feed-forward part.
-    Loaded to check what the library accepts and refuses: the sink logits enter the softmax beside the scores, so
-    a softmax temperature would not divide them."""
+    The sink logits enter the softmax beside the scores, so a softmax temperature would not divide them (refused);
+    the Lambda window and its ceiling act on the global layers (tests/reference.py's forward_gptoss)."""
 
     n_vocab: int = 259
     n_embd: int = 64
@@ -418,6 +496,10 @@ class TinyGptOss:
     sliding_window: int = 16
     seed: int = 0
     weights: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    def is_swa(self, il: int) -> bool:
+        """llama.cpp's layer pattern for gpt-oss: sliding-window layers first, every other one."""
+        return il % 2 == 0
 
     def make_weights(self) -> None:
         rng = np.random.default_rng(self.seed)
@@ -434,12 +516,14 @@ class TinyGptOss:
         for i in range(self.n_layer):
             w[f"blk.{i}.attn_norm.weight"] = 1.0 + vec(d)
             w[f"blk.{i}.post_attention_norm.weight"] = 1.0 + vec(d)
-            w[f"blk.{i}.attn_q.weight"] = mat(self.n_head * hd, d)
-            w[f"blk.{i}.attn_k.weight"] = mat(self.n_head_kv * hd, d)
+            # q and k scaled up so that attention is peaked enough for position to matter (tests/reference.py's
+            # forward_gptoss is the oracle), sink logits about as large as the keys'
+            w[f"blk.{i}.attn_q.weight"] = 3 * mat(self.n_head * hd, d)
+            w[f"blk.{i}.attn_k.weight"] = 3 * mat(self.n_head_kv * hd, d)
             w[f"blk.{i}.attn_v.weight"] = mat(self.n_head_kv * hd, d)
             w[f"blk.{i}.attn_output.weight"] = mat(d, self.n_head * hd)
             w[f"blk.{i}.attn_output.bias"] = vec(d)
-            w[f"blk.{i}.attn_sinks.weight"] = vec(self.n_head)
+            w[f"blk.{i}.attn_sinks.weight"] = 30 * vec(self.n_head)
             w[f"blk.{i}.ffn_gate_inp.weight"] = mat(e, d)
             w[f"blk.{i}.ffn_gate_inp.bias"] = vec(e)
             w[f"blk.{i}.ffn_gate_exps.weight"] = mat(e, f, d)

@@ -63,6 +63,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
               + (f", scaling {m['rope_scaling_type']}" if m["rope_scaling_type"] else ""))
     elif m["position_encoding"] == "alibi":
         print(f"  position         ALiBi, max bias {m['alibi_max_bias']:g}")
+    elif m["position_encoding"] == "learned":
+        print(f"  position         learned absolute embeddings, one per position up to {m['context_length']} "
+              "(none past it)")
     else:
         print("  position         none (no RoPE, no ALiBi)")
     print(f"  layers           {m['block_count']}")

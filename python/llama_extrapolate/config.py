@@ -383,6 +383,10 @@ class AttentionConfig:
         l_pre = int(info.context_length)
         window = l_pre if self.window is None else int(self.window)
         ceiling = (window if window > 0 else l_pre) if self.ceiling is None else int(self.ceiling)
+        if info.lambda_refusal and (window > 0 or ceiling > 0):
+            raise ValueError(f"window={window}, ceiling={ceiling}: this {info.architecture} model (context length "
+                             f"{l_pre}) takes no Lambda attention: {info.lambda_refusal}; use "
+                             "AttentionConfig.vanilla() (window=0, ceiling=0)")
         if ceiling > 0 and info.position_encoding == "none":
             raise ValueError(
                 f"ceiling={ceiling}: {info.architecture} has no position encoding (no RoPE, no ALiBi); use ceiling=0"

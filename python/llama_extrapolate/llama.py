@@ -73,6 +73,14 @@ class Llama(llama_cpp.Llama):
         self.vocab_only = bool(kwargs.get("vocab_only", False))
         if not self.vocab_only:  # a tokenizer-only load has no cache to size
             self.attention_resolved.check_context(n_ctx, n_ubatch)
+            learned = self.model_info.position_encoding == "learned"
+            if learned and n_ctx > self.model_info.context_length:
+                # the text would reach positions the embeddings have no row for (patch 0041 refuses the batch;
+                # unpatched llama.cpp aborted the process)
+                raise ValueError(f"n_ctx={n_ctx}: {self.model_info.architecture} has learned absolute position "
+                                 f"embeddings, one per position up to its context length "
+                                 f"{self.model_info.context_length} and none past it; use n_ctx <= "
+                                 f"{self.model_info.context_length} (or 0, the model's own)")
 
         r = self.attention_resolved
         self._check_attention_options(kwargs)

@@ -33,7 +33,9 @@ class ModelInfo:
     head_count: Union[int, list]
     head_count_kv: Union[int, list]
     embedding_length: Optional[int]
-    position_encoding: str  # "rope", "alibi" or "none"
+    # "rope", "alibi", "learned" (an embedding per position up to the context length, GPT-2 and StarCoder: none
+    # past it) or "none"
+    position_encoding: str
     rope_type: Optional[str]
     rope_freq_base: Optional[float]
     rope_dimension_count: Optional[int]
@@ -62,6 +64,17 @@ class ModelInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def lambda_refusal(self) -> Optional[str]:
+        """Why the Lambda window, its ceiling and what rides on them do not apply to this model at all, or None:
+        learned absolute position embeddings have a row per position up to the training length, and the window
+        would carry the text past it; T5 reads its input with the encoder, not through a decoder's cache."""
+        if self.position_encoding == "learned":
+            return LEARNED_POSITIONS
+        if self.architecture in ("t5", "t5encoder"):
+            return ENCODER_MODEL
+        return None
 
     @property
     def no_global_attention(self) -> bool:
@@ -148,7 +161,9 @@ def _read_model_info(path: Path) -> ModelInfo:
     alibi = get(f"{arch}.attention.max_alibi_bias")
     layout = _layout_from_library(path)
     rope_type = _ROPE_TYPES.get(layout["rope_type"], "unknown")
-    if rope_type != "none":
+    if any(t.name == "position_embd.weight" for t in reader.tensors):
+        encoding = "learned"  # (an MPT GGUF may carry them beside ALiBi: they bound its positions all the same)
+    elif rope_type != "none":
         encoding = "rope"
     elif alibi is not None and float(alibi) > 0:
         encoding = "alibi"
@@ -209,6 +224,11 @@ def _attention_keys(arch: str) -> dict:
             "log_length": f"{a}.softmax_temperature.log_length"}
 
 
+# why a model takes no Lambda window whatever its layers (AttentionConfig.resolve's refusals, llama.cpp's at load:
+# patches 0041 and 0042)
+LEARNED_POSITIONS = "learned absolute position embeddings (none past the training length)"
+ENCODER_MODEL = "an encoder model (T5: its encoder reads the whole input at once, which the Lambda window does not bound)"
+
 # the knobs of AttentionConfig as ``knob_support`` names them
 KNOBS = ("lambda", "ceiling", "temperature", "top_k", "memory")
 
@@ -232,6 +252,8 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     no_global = None
     if info.no_global_attention and not recurrent:
         no_global = "a model without a global attention layer (every attention layer is sliding-window)"
+    # the temperature touches no position and is not refused for these
+    learned = info.lambda_refusal
     rotated = None
     ceiling = None
     if info.position_encoding == "none":
@@ -254,6 +276,7 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
         temperature = "T5's relative position bias (added to the logits, which the temperature would not divide)"
     if info.recurrent_layers and not recurrent:
         memory = memory or "recurrent layers"
-    return {"lambda": recurrent or no_global, "ceiling": ceiling or rotated or recurrent or no_global,
+    return {"lambda": learned or recurrent or no_global,
+            "ceiling": learned or ceiling or rotated or recurrent or no_global,
             "temperature": temperature or recurrent or no_global,
-            "top_k": swa or rotated or recurrent, "memory": swa or memory or recurrent}
+            "top_k": learned or swa or rotated or recurrent, "memory": learned or swa or memory or recurrent}
