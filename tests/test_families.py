@@ -701,21 +701,18 @@ def gpt2(tmp_path_factory):
 def test_learned_positions_take_the_temperature_exactly(gpt2, tau, ubatch):
     """The temperature divides the logits and touches no position: exact on a GPT-2 (the oracle adds each position's
     embedding to its token's, and the biases)."""
+    from dataclasses import replace
+
     from reference import forward_mpt
 
     model, path, tokens = gpt2
     ref = forward_mpt(model, tokens, RefAttention(tau=tau))
-    no_positions = replace_weights(model, **{"position_embd.weight": np.zeros_like(model.weights["position_embd.weight"])})
+    zeros = np.zeros_like(model.weights["position_embd.weight"])
+    no_positions = replace(model, weights={**model.weights, "position_embd.weight": zeros})
     assert np.abs(ref - forward_mpt(no_positions, tokens, RefAttention(tau=tau))).max() > 0.5, "positions must matter"
     plain = forward_mpt(model, tokens) if tau != 1.0 else None
     _matches(f"gpt2, tau {tau}", path, tokens, KNOB_CONFIGS["temperature"] | dict(temperature=tau), ubatch, ref, plain,
              tol=TOL_GELU)
-
-
-def replace_weights(model, **tensors):
-    from dataclasses import replace
-
-    return replace(model, weights={**model.weights, **tensors})
 
 
 def _survives(code: str, path) -> str:

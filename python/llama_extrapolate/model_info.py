@@ -252,8 +252,8 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     no_global = None
     if info.no_global_attention and not recurrent:
         no_global = "a model without a global attention layer (every attention layer is sliding-window)"
-    # the temperature touches no position and is not refused for these
-    learned = info.lambda_refusal
+    # learned positions, an encoder model: no Lambda window at all (the temperature touches no position: not refused)
+    no_lambda = info.lambda_refusal
     rotated = None
     ceiling = None
     if info.position_encoding == "none":
@@ -276,7 +276,7 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
         temperature = "T5's relative position bias (added to the logits, which the temperature would not divide)"
     if info.recurrent_layers and not recurrent:
         memory = memory or "recurrent layers"
-    return {"lambda": learned or recurrent or no_global,
-            "ceiling": learned or ceiling or rotated or recurrent or no_global,
+    return {"lambda": no_lambda or recurrent or no_global,
+            "ceiling": no_lambda or ceiling or rotated or recurrent or no_global,
             "temperature": temperature or recurrent or no_global,
-            "top_k": learned or swa or rotated or recurrent, "memory": learned or swa or memory or recurrent}
+            "top_k": no_lambda or swa or rotated or recurrent, "memory": no_lambda or swa or memory or recurrent}
