@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from tinymodel import TinyDeepseek2, TinyGemma2, TinyGemma3, TinyGptOss, TinyLfm2, TinyLlama, TinyMPT
+from tinymodel import TinyDeepseek2, TinyGemma2, TinyGemma3, TinyGptOss, TinyJamba, TinyLfm2, TinyLlama, TinyMPT
 
 
 @dataclass
@@ -272,12 +272,16 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
 def silu_ffn(x, w, il, eps):
     """Layer il's feed-forward part of the llama layout: RMS norm, then down(silu(gate) * up)."""
     h = rms_norm(x, w[f"blk.{il}.ffn_norm.weight"], eps)
     g = h @ w[f"blk.{il}.ffn_gate.weight"].T
     u = h @ w[f"blk.{il}.ffn_up.weight"].T
-    return ((g / (1 + np.exp(-g))) * u) @ w[f"blk.{il}.ffn_down.weight"].T
+    return (silu(g) * u) @ w[f"blk.{il}.ffn_down.weight"].T
 
 
 def forward(model: TinyLlama, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
@@ -492,4 +496,63 @@ def forward_lfm2(model: TinyLfm2, tokens: Sequence[int], cfg: Optional[RefAttent
             x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
         x = x + silu_ffn(x, w, il, eps)
     x = rms_norm(x, w["token_embd_norm.weight"], eps)
+    return x @ w["output.weight"].T
+
+
+def mamba_mixer(h, w, il, eps):
+    """Layer il's Mamba-1 selective state-space layer over the normed inputs h (T, n_embd), from a zero state, as the
+    Mamba paper defines it: x and the gate z from in_proj; x through a causal depthwise convolution over the last
+    d_conv inputs of each channel (plus its bias), then silu; dt, B and C from x_proj (Jamba RMS-norms each when the
+    model has the norms); delta = softplus(dt_proj(dt) + bias) per channel; the state h_c (d_state per channel c)
+    decays and takes the input, h_c <- exp(delta_c A_c) h_c + delta_c x_c B, and gives y_c = C . h_c; then
+    out_proj((y + D x) * silu(z))."""
+    b = f"blk.{il}."
+    T = len(h)
+    x, z = np.split(h @ w[b + "ssm_in.weight"].T, 2, axis=1)  # (T, d_inner) each
+    kernel = w[b + "ssm_conv1d.weight"]  # (d_inner, d_conv): tap d_conv - 1 is the current input
+    d_conv = kernel.shape[1]
+    past = np.concatenate([np.zeros((d_conv - 1, x.shape[1])), x])
+    x = silu(sum(past[j:j + T] * kernel[:, j] for j in range(d_conv)) + w[b + "ssm_conv1d.bias"])
+    A = w[b + "ssm_a"]  # (d_inner, d_state), negative
+    rank = w[b + "ssm_dt.weight"].shape[1]
+    dt, B, C = np.split(x @ w[b + "ssm_x.weight"].T, [rank, rank + A.shape[1]], axis=1)
+    if b + "ssm_dt_norm.weight" in w:
+        dt, B, C = (rms_norm(v, w[b + f"ssm_{name}_norm.weight"], eps) for v, name in ((dt, "dt"), (B, "b"), (C, "c")))
+    delta = np.logaddexp(0.0, dt @ w[b + "ssm_dt.weight"].T + w[b + "ssm_dt.bias"])  # softplus, (T, d_inner)
+    decay = np.exp(delta[:, :, None] * A)  # (T, d_inner, d_state)
+    state = np.zeros_like(A)
+    y = np.empty_like(x)
+    for t in range(T):
+        state = decay[t] * state + (delta[t] * x[t])[:, None] * B[t]
+        y[t] = state @ C[t]
+    return ((y + w[b + "ssm_d"] * x) * silu(z)) @ w[b + "ssm_out.weight"].T
+
+
+def forward_jamba(model: TinyJamba, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
+                  margin: Optional[TopKMargin] = None, rope_base: Optional[float] = None) -> np.ndarray:
+    """Logits (T, n_vocab) of a tiny Jamba: Mamba-1 layers (``mamba_mixer``, which no attention knob reaches: they
+    see every token) and attention layers with no position encoding, whose logit is q.k / sqrt(D) at every
+    distance: ``attention`` scores them as ALiBi with zero slopes, so the Lambda mask, the temperature and the top-k
+    keys act as on the other families (a distance ceiling has nothing to bound). Every layer ends in the llama
+    layout's SwiGLU FFN. ``rope_base``: rotate q and k as a llama would instead (not the model: to show that a
+    library which rotated them would fail)."""
+    cfg = cfg or RefAttention()
+    w = {name: t.astype(np.float64) for name, t in model.weights.items()}
+    tokens = np.asarray(tokens)
+    T, H, Hkv, D, eps = len(tokens), model.n_head, model.n_head_kv, model.head_dim, model.rms_eps
+    positions = np.arange(T)
+    x = w["token_embd.weight"][tokens]
+    for il in range(model.n_layer):
+        h = rms_norm(x, w[f"blk.{il}.attn_norm.weight"], eps)
+        if model.is_recurrent(il):
+            x = x + mamba_mixer(h, w, il, eps)
+        else:
+            q = (h @ w[f"blk.{il}.attn_q.weight"].T).reshape(T, H, D)
+            k = (h @ w[f"blk.{il}.attn_k.weight"].T).reshape(T, Hkv, D)
+            v = (h @ w[f"blk.{il}.attn_v.weight"].T).reshape(T, Hkv, D)
+            a = attention(q, k, v, positions, cfg, il, rope_base=rope_base or 0.0,
+                          alibi_slopes=np.zeros(H) if rope_base is None else None, margin=margin)
+            x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
+        x = x + silu_ffn(x, w, il, eps)
+    x = rms_norm(x, w["output_norm.weight"], eps)
     return x @ w["output.weight"].T

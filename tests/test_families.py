@@ -17,6 +17,9 @@ inside the attention. That rotation must be the one the model gave the layer:
 - LFM2, a hybrid, caches its attention layers apart from its convolution layers' recurrent state: the knobs act
   on the attention layers (before patch 0039 the ceiling was wrong there and the top-k keys aborted), and a
   recurrent model (Mamba) refuses them all;
+- Jamba, a hybrid too, attends without any position encoding (its attention layers, between Mamba layers, score
+  q.k at every distance): the Lambda mask, the temperature and the top-k keys act as elsewhere; the ceiling and the
+  memory, with no distance to bound, are refused;
 - Qwen2-VL's multi-section RoPE takes the mask and the temperature (a text token's rotation is NEOX's) and refuses
   the second rotation; GPT-2's learned positions take the temperature and refuse the Lambda window (none past the
   training length: patch 0041), as T5, whose encoder reads the whole input, does (patch 0042).
@@ -113,9 +116,9 @@ def test_knobs_match_the_oracle(family, case, ubatch):
                                lambda cfg, margin=None: forward(model, tokens, cfg, margin=margin))
 
 
-def _check_case_against_oracle(name, path, tokens, case, ubatch, oracle):
-    """The library's logits for CASES[case] against ``oracle(cfg, margin)``, the reference forward pass over tokens."""
-    kwargs, ref_cfg = CASES[case]
+def _check_case_against_oracle(name, path, tokens, case, ubatch, oracle, cases=CASES):
+    """The library's logits for cases[case] against ``oracle(cfg, margin)``, the reference forward pass over tokens."""
+    kwargs, ref_cfg = cases[case]
     margin = TopKMargin()
     ref = oracle(ref_cfg, margin=margin)
     if ref_cfg.top_k:
@@ -147,23 +150,33 @@ def test_document_memory_matches_the_oracle_given_its_selection(family, tmp_path
     from llama_extrapolate import AttentionConfig
 
     name, model, path, tokens = family
+    _memory_matches(name, path, tokens, range(1, model.n_layer), top_k,
+                    lambda cfg, margin=None: forward(model, tokens, cfg, margin=margin))
+
+
+def _memory_matches(name, path, tokens, layers, top_k, oracle):
+    """The question's logits with the document memory against ``oracle(cfg, margin)`` given the blocks the library
+    selected in ``layers`` (the stored ones); returns the library's memory_info."""
+    from llama_extrapolate import AttentionConfig
+
     cfg = dict(LAMBDA, top_k=top_k, top_k_layer=1, top_k_distance=16)
     llm = make_llm(path, AttentionConfig(**cfg, top_k_scope="question", memory_blocks=2, memory_block_size=32),
                    memory_type="f32", memory_capacity=512)
     try:
         got = logits(llm, tokens, question=250)
-        sel = {il: llm.memory_selection(il) for il in range(1, model.n_layer)}
+        sel = {il: llm.memory_selection(il) for il in layers}
+        info = llm.memory_info()
     finally:
         llm.close()
     margin = TopKMargin()
-    ref = forward(model, tokens, RefAttention(**cfg, top_k_from=250, memory_blocks=sel, memory_block=32),
-                  margin=margin)
-    plain = forward(model, tokens, RefAttention(**LAMBDA))
+    ref = oracle(RefAttention(**cfg, top_k_from=250, memory_blocks=sel, memory_block=32), margin=margin)
+    plain = oracle(RefAttention(**LAMBDA))
     assert np.abs(ref[250:] - plain[250:]).max() > 0.5, "the memory must change the answer's logits"
     if top_k < 64:
         assert margin.gap > 1e-4, f"top-k choice ill-defined (gap {margin.gap})"
     err = np.abs(got - ref).max()
     assert err < TOL, f"{name}, memory, top_k {top_k}: max |llama.cpp - oracle| = {err}"
+    return info
 
 
 def test_a_long_stream_is_rebased_and_stays_exact(family):
@@ -211,13 +224,14 @@ KNOB_CONFIGS = {
 }
 
 
-def _support_holds(path):
-    """Each knob loads where knob_support says supported, and is refused with its reason where not."""
+def _support_holds(path, configs=KNOB_CONFIGS):
+    """Each knob (its configuration in ``configs``) loads where knob_support says supported, and is refused with its
+    reason where not."""
     from llama_extrapolate import AttentionConfig, knob_support, read_model_info
 
     support = knob_support(read_model_info(path))
-    assert set(support) == set(KNOB_CONFIGS)
-    for knob, cfg in KNOB_CONFIGS.items():
+    assert set(support) == set(configs)
+    for knob, cfg in configs.items():
         extra = dict(memory_type="f32", memory_capacity=512) if knob == "memory" else {}
         try:
             make_llm(path, AttentionConfig(**cfg), **extra).close()
@@ -234,25 +248,6 @@ def _support_holds(path):
 def test_knob_support_says_what_loading_does(family, tiny_mpt_model, tiny_llama):
     for path in (family[2], tiny_mpt_model[1], tiny_llama[1]):
         assert all(reason is None for reason in _support_holds(path).values()), path
-
-
-def test_knob_support_without_a_position_encoding_gives_the_configurations_reasons(tiny_llama):
-    """No tiny model here has attention without any position encoding (Nemotron-H's NoPE attention layers sit in a
-    hybrid): the model's facts say "none" instead, and the reasons knob_support gives are those AttentionConfig
-    raises."""
-    from dataclasses import replace
-
-    from llama_extrapolate import AttentionConfig, knob_support, read_model_info
-
-    none = replace(read_model_info(tiny_llama[1]), position_encoding="none", rope_type=None)
-    support = knob_support(none)
-    assert support["lambda"] is None and support["temperature"] is None and support["top_k"] is None
-    AttentionConfig(**dict(KNOB_CONFIGS["top_k"], ceiling=0)).resolve(none)
-    # each knob alone (the memory's configuration without its ceiling, whose refusal would come first)
-    for knob, cfg in (("ceiling", KNOB_CONFIGS["ceiling"]), ("memory", dict(KNOB_CONFIGS["memory"], ceiling=0))):
-        with pytest.raises(ValueError) as err:
-            AttentionConfig(**cfg).resolve(none)
-        assert support[knob] is not None and support[knob] in str(err.value), (knob, support[knob], str(err.value))
 
 
 def test_sliding_window_layers_are_shown_and_the_global_layers_take_the_window(tmp_path):
@@ -715,13 +710,13 @@ def test_learned_positions_take_the_temperature_exactly(gpt2, tau, ubatch):
              tol=TOL_GELU)
 
 
-def _survives(code: str, path) -> str:
-    """Run ``code`` (argv[1]: the model) in a process of its own, where an abort in llama.cpp would end only that one
-    and fail here with its output; its stdout."""
+def _survives(code: str, path, *args: str) -> str:
+    """Run ``code`` (argv[1]: the model, then ``args``) in a process of its own, where an abort in llama.cpp would end
+    only that one and fail here with its output; its stdout."""
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", code, str(path), *args], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"the process died ({run.returncode}): {run.stdout[-1000:]} {run.stderr[-2000:]}"
     return run.stdout
 
@@ -846,16 +841,75 @@ def test_a_hybrid_stream_is_rebased_and_stays_exact(lfm2):
     assert err < 5e-3, f"lfm2 stream: max |llama.cpp - oracle| = {err}"
 
 
-def test_a_hybrid_model_refuses_only_the_memory(lfm2, capsys):
-    """Every knob but the document memory loads (and is exact, above); the memory, whose store holds every layer from
-    the top-k layer on, is refused at load with the reason, and info shows the recurrent layers."""
-    from llama_extrapolate import read_model_info, stats
-    from llama_extrapolate.cli import main
+@pytest.mark.parametrize("top_k", [3, 64])
+def test_a_hybrid_model_reads_from_the_document_memory(lfm2, top_k):
+    """Patch 0043: the store holds the attention layers' keys from the top-k layer on (1 and 3), not the convolution
+    layers' (they have none); the question's logits equal the oracle's given the blocks those selected. Before, the
+    memory was refused on hybrid models: it stored every layer from the top-k layer on."""
+    from reference import forward_lfm2
+
+    model, path, tokens = lfm2
+    info = _memory_matches("lfm2", path, tokens, (1, 3), top_k,
+                           lambda cfg, margin=None: forward_lfm2(model, tokens, cfg, margin=margin))
+    # two stored layers: a record per block holds their K and V rows per KV head (F32)
+    assert info["n_blocks"] == (300 - LAMBDA["sinks"]) // 32, info
+    assert info["bytes_on_disk"] == 4096 + info["n_blocks"] * 2 * model.n_head_kv * 2 * 32 * model.head_dim * 4, info
+
+
+def test_a_hybrid_models_memory_goes_with_its_state(lfm2):
+    """Saved after the document (a block half filled), restored into another context: the recurrent states, the
+    cache and the memory come back together, and the question gives the same logits and selects the same blocks
+    as the stream that never stopped; a convolution layer has no selection to ask for."""
+    from llama_extrapolate import AttentionConfig
+
+    _, path, tokens = lfm2
+    cfg = AttentionConfig(**LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16, top_k_scope="question",
+                          memory_blocks=2, memory_block_size=32)
+    doc = 243  # (doc - sinks) % 32 != 0: the store's last block is pending
+    a, b = (make_llm(path, cfg, memory_type="f32", memory_capacity=512) for _ in range(2))
+    try:
+        a.set_top_k_active(False)
+        a.eval(tokens[:doc])
+        state = a.save_state()
+        a.set_top_k_active(True)
+        a.eval(tokens[doc:])
+        want = np.asarray(a.scores[doc:len(tokens)], dtype=np.float64)
+        want_sel = {il: a.memory_selection(il) for il in (1, 3)}
+        with pytest.raises(ValueError):
+            a.memory_selection(2)
+        b.set_top_k_active(False)
+        b.eval(tokens[:40])  # something in b that the state must replace
+        b.load_state(state)
+        b.set_top_k_active(True)
+        b.eval(tokens[doc:])
+        got = np.asarray(b.scores[doc:len(tokens)], dtype=np.float64)
+        for il, s in want_sel.items():
+            assert (s >= 0).all()
+            np.testing.assert_array_equal(b.memory_selection(il), s)
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_hybrid_model_takes_every_knob(lfm2, capsys):
+    """Every knob loads (and is exact, above); info shows the recurrent layers."""
+    from llama_extrapolate import read_model_info
 
     _, path, _ = lfm2
     assert read_model_info(path).recurrent_layers == (0, 2)
     support = _support_holds(path)
-    assert {k: v for k, v in support.items() if v is not None} == {"memory": "recurrent layers"}
+    assert all(v is None for v in support.values()), support
+    out = _hybrid_info(path, capsys)
+    assert "  memory           supported" in out, out
+
+
+def _hybrid_info(path, capsys):
+    """What `info` prints for a hybrid model with recurrent layers 0 and 2 of 4 (checked), whose statistics are
+    refused with that reason."""
+    from llama_extrapolate import stats
+    from llama_extrapolate.cli import main
+
     llm = make_llm(path, None)
     try:
         with pytest.raises(ValueError, match=r"this model has recurrent layers \(2 of 4"):
@@ -865,7 +919,7 @@ def test_a_hybrid_model_refuses_only_the_memory(lfm2, capsys):
     assert main(["info", "--model", str(path)]) == 0
     out = capsys.readouterr().out
     assert "recurrent layers 0, 2 (a state instead of attention" in out, out
-    assert "  memory           refused: recurrent layers" in out, out
+    return out
 
 
 @pytest.mark.parametrize("name", ["lfm2-sliding-window", "gemma3-five-layers"])
@@ -934,3 +988,132 @@ def test_a_recurrent_model_refuses_every_knob(tmp_path):
             make_llm(path, AttentionConfig(**cfg)).close()
     assert "position encoding" in support["ceiling"] and "RoPE or ALiBi" in support["memory"]
     make_llm(path, None).close()
+
+
+# --- attention without a position encoding (Jamba: NoPE attention layers between Mamba layers) ------------------------
+
+@pytest.fixture(scope="module")
+def jamba(tmp_path_factory):
+    from tinymodel import TinyJamba
+
+    # weights whose top-3 middle keys are well apart (TopKMargin below)
+    return _written(tmp_path_factory, TinyJamba(seed=2), "jamba")
+
+
+NOPE_LAMBDA = dict(LAMBDA, ceiling=0)  # a ceiling needs a position encoding to bound (refused below)
+NOPE_CASES = {
+    "vanilla": (dict(sinks=0, window=0, ceiling=0), RefAttention()),
+    "lambda": (NOPE_LAMBDA, RefAttention(sinks=4, window=32)),
+    "lambda+temperature": (dict(NOPE_LAMBDA, temperature=0.8), RefAttention(sinks=4, window=32, tau=0.8)),
+    "top-k": (dict(NOPE_LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16),
+              RefAttention(sinks=4, window=32, top_k=3, top_k_layer=1, top_k_distance=16)),
+}
+
+
+def test_the_jamba_oracle_has_no_position_encoding_and_its_mamba_layers_count(jamba):
+    """The oracle's Jamba is not one whose attention layers rotate q and k (a library that applied RoPE there would
+    fail below), and its Mamba layers are not bystanders: without them, or without Jamba's RMS norms of dt, B and C,
+    the logits differ too."""
+    from dataclasses import replace
+
+    from reference import forward_jamba
+
+    model, _, tokens = jamba
+    cfg = RefAttention(sinks=4, window=32)
+    ref = forward_jamba(model, tokens, cfg)
+    assert np.abs(ref - forward_jamba(model, tokens, cfg, rope_base=10000.0)).max() > 0.5, "RoPE must not be there"
+    norms = [name for name in model.weights if name.endswith(("ssm_dt_norm.weight", "ssm_b_norm.weight",
+                                                               "ssm_c_norm.weight"))]
+    assert len(norms) == 3 * 2  # (the oracle applies the norms the model has)
+    no_norms = {name: t for name, t in model.weights.items() if name not in norms}
+    no_mamba = {name: np.zeros_like(t) if name.endswith("ssm_out.weight") else t for name, t in model.weights.items()}
+    for weights in (no_norms, no_mamba):
+        assert np.abs(ref - forward_jamba(replace(model, weights=weights), tokens, cfg)).max() > 0.5
+
+
+@pytest.mark.parametrize("ubatch", [1, 64])
+@pytest.mark.parametrize("case", sorted(NOPE_CASES))
+def test_jamba_attention_without_a_position_encoding_matches_the_oracle(jamba, case, ubatch):
+    """Jamba's attention layers have no position encoding at all: a key scores q.k at any distance, so the Lambda
+    mask (which keys are seen), the temperature and the top-k middle keys are all that distance changes. They sit in
+    the hybrid memory's KV cache beside the Mamba layers' states (conv and scan), which see every token."""
+    from reference import forward_jamba
+
+    model, path, tokens = jamba
+    ref = _check_case_against_oracle("jamba", path, tokens, case, ubatch,
+                                     lambda cfg, margin=None: forward_jamba(model, tokens, cfg, margin=margin),
+                                     cases=NOPE_CASES)
+    if case != "vanilla":
+        assert np.abs(ref - forward_jamba(model, tokens)).max() > 0.5, "the knobs must change the logits"
+    if case == "top-k":  # (the middle keys bring the logits back towards vanilla's: they must differ from the mask's)
+        mask = forward_jamba(model, tokens, NOPE_CASES["lambda"][1])
+        assert np.abs(ref - mask).max() > 0.5, "the top-k keys must change the logits"
+
+
+def test_a_jamba_stream_without_a_position_encoding_stays_exact_unrebased(jamba):
+    """2000 tokens through a 64-cell Lambda cache: the attention layers' keys leave the cache as the window moves on,
+    the Mamba states go on through every token. With no position encoding no logit depends on a position, only the
+    mask on p - j (exact integers), so the library does not re-base the positions (it re-bases RoPE models only,
+    whose rotations lose precision far out): the offset stays 0 and the stream stays exact."""
+    from reference import forward_jamba
+
+    model, path, _ = jamba
+    tokens, got, offset = _long_stream(path, model.n_vocab, NOPE_LAMBDA)
+    assert offset == 0, f"a stream without a position encoding has nothing to re-base (offset {offset})"
+    err = np.abs(got - forward_jamba(model, tokens, RefAttention(sinks=4, window=32))).max()
+    assert err < 5e-3, f"jamba stream: max |llama.cpp - oracle| = {err}"
+
+
+_LOAD_WITH_OVERRIDES = """
+import json, sys
+from llama_extrapolate import logs  # first: llama_cpp on the patched library
+import llama_cpp
+for overrides in json.loads(sys.argv[2]):
+    mark = logs.error_mark()
+    try:
+        llama_cpp.Llama(sys.argv[1], n_ctx=256, verbose=False, kv_overrides=overrides).close()
+    except ValueError as exc:
+        print("refused:", exc, "|", logs.errors_since(mark).strip())
+    else:
+        print("loaded")
+"""
+
+
+def test_jamba_without_a_position_encoding_refuses_the_ceiling_and_the_memory(jamba, capsys):
+    """A distance ceiling has no position encoding to bound and the document memory no bounded distance to score its
+    keys at: both are refused with the reason, in Python before loading (knob_support and AttentionConfig, which
+    say the same) and in llama.cpp at load from the file's metadata. The Lambda mask, the temperature and the top-k
+    keys load (exact, above); info says all that."""
+    import json
+
+    from llama_extrapolate import read_model_info
+
+    _, path, _ = jamba
+    info = read_model_info(path)
+    assert (info.architecture, info.position_encoding, info.rope_type) == ("jamba", "none", None), info
+    assert info.recurrent_layers == (0, 2) and info.nope_layers == () and info.swa_layers == (), info
+    assert info.head_count == 4 and list(info.head_count_kv) == [0, 2, 0, 2], info
+    # each knob alone: without the ceiling, whose refusal would come first
+    support = _support_holds(path, {knob: cfg if knob == "ceiling" else dict(cfg, ceiling=0)
+                                    for knob, cfg in KNOB_CONFIGS.items()})
+    assert {k: v for k, v in support.items() if v is not None} == {
+        "ceiling": "has no position encoding (no RoPE, no ALiBi)",
+        "memory": "the document memory scores its keys at a bounded distance through RoPE or ALiBi"}, support
+    # plain llama_cpp with the settings in the metadata: the ceiling and the memory refused as the model loads (the
+    # memory for want of a position encoding, patch 0043; its recurrent layers no longer refuse it)
+    key = "jamba.attention.lambda."
+    ceiling, memory = _survives(_LOAD_WITH_OVERRIDES, path, json.dumps([
+        {key + "window": 32, key + "ceiling": 16},
+        {key + "sink_count": 4, key + "window": 32, key + "top_k": 3, key + "memory_blocks": 2,
+         key + "memory_block_size": 32}])).splitlines()
+    assert ceiling.startswith("refused: Failed to load model from file"), ceiling
+    assert "jamba.attention.lambda.ceiling = 16: a distance ceiling needs RoPE or ALiBi, and jamba has neither" in ceiling
+    assert memory.startswith("refused: Failed to load model from file"), memory
+    assert ("jamba.attention.lambda.memory_blocks = 2: the document memory scores its keys at a bounded distance "
+            "through RoPE or ALiBi, and jamba has neither") in memory, memory
+    out = _hybrid_info(path, capsys)
+    assert "position         none (no RoPE, no ALiBi)" in out, out
+    assert "NoPE layers" not in out, out
+    assert "  ceiling          refused: has no position encoding (no RoPE, no ALiBi)" in out, out
+    for knob in ("lambda", "temperature", "top_k"):
+        assert f"  {knob:16s} supported" in out, out

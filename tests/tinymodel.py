@@ -601,6 +601,45 @@ class TinyLfm2(TinyLlama):
         return _write(path, "lfm2", self, kv_heads, hparams, context_length)
 
 
+def mamba_layer(rng: np.random.Generator, i: int, d: int, d_inner: int, d_state: int, d_conv: int, dt_rank: int,
+                norms: bool = False) -> Dict[str, np.ndarray]:
+    """Layer i's tensors of a Mamba-1 selective state-space layer (llama.cpp's layout): in_proj to x and the gate z,
+    a causal depthwise convolution over d_conv inputs (with a bias), x_proj to dt, B and C, dt_proj (with a bias), the
+    decay A < 0 per (channel, state) and the skip D. ``norms``: Jamba's RMS norms of dt, B and C (weights near 1).
+    The biases, A and D are drawn, not left at their usual initial values, so that an oracle which dropped or
+    misplaced one of them would differ; A spans slow decays (a state that carries many tokens, across ubatches) and
+    fast ones."""
+    def mat(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    def vec(n, center=0.0, spread=0.1):
+        return (center + spread * rng.standard_normal(n)).astype(np.float32)
+
+    b = f"blk.{i}."
+    w = {b + "ssm_in.weight": mat(2 * d_inner, d),
+         b + "ssm_conv1d.weight": mat(d_inner, d_conv),
+         b + "ssm_conv1d.bias": vec(d_inner),
+         b + "ssm_x.weight": mat(dt_rank + 2 * d_state, d_inner),
+         b + "ssm_dt.weight": mat(d_inner, dt_rank),
+         b + "ssm_dt.bias": vec(d_inner, -1.0, 0.5),  # softplus(dt) about 0.1 to 1
+         b + "ssm_a": -np.exp(rng.uniform(-3.0, 1.0, (d_inner, d_state))).astype(np.float32),
+         b + "ssm_d": vec(d_inner, 1.0, 0.3),
+         b + "ssm_out.weight": mat(d, d_inner)}
+    if norms:
+        w[b + "ssm_dt_norm.weight"] = vec(dt_rank, 1.0)
+        w[b + "ssm_b_norm.weight"] = vec(d_state, 1.0)
+        w[b + "ssm_c_norm.weight"] = vec(d_state, 1.0)
+    return w
+
+
+def _add_ssm_hparams(w, model) -> None:
+    """The Mamba layers' sizes (``ssm.*``), which llama.cpp reads for mamba and jamba alike."""
+    w.add_ssm_conv_kernel(model.d_conv)
+    w.add_ssm_inner_size(model.d_inner)
+    w.add_ssm_state_size(model.d_state)
+    w.add_ssm_time_step_rank(model.dt_rank)
+
+
 @dataclass
 class TinyMamba:
     """Mamba (llama.cpp's ``mamba``): every layer a selective state-space layer, no attention at all. Loaded to
@@ -621,32 +660,61 @@ class TinyMamba:
 
     def make_weights(self) -> None:
         rng = np.random.default_rng(self.seed)
-        d, di, ds, r = self.n_embd, self.d_inner, self.d_state, self.dt_rank
-
-        def mat(*shape):
-            return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-
+        d = self.n_embd
         w = {"token_embd.weight": rng.standard_normal((self.n_vocab, d)).astype(np.float32),
-             "output_norm.weight": np.ones(d, np.float32), "output.weight": mat(self.n_vocab, d)}
+             "output_norm.weight": np.ones(d, np.float32),
+             "output.weight": (rng.standard_normal((self.n_vocab, d)) / np.sqrt(d)).astype(np.float32)}
         for i in range(self.n_layer):
             w[f"blk.{i}.attn_norm.weight"] = np.ones(d, np.float32)
-            w[f"blk.{i}.ssm_in.weight"] = mat(2 * di, d)
-            w[f"blk.{i}.ssm_conv1d.weight"] = mat(di, self.d_conv)
-            w[f"blk.{i}.ssm_conv1d.bias"] = np.zeros(di, np.float32)
-            w[f"blk.{i}.ssm_x.weight"] = mat(r + 2 * ds, di)
-            w[f"blk.{i}.ssm_dt.weight"] = mat(di, r)
-            w[f"blk.{i}.ssm_dt.bias"] = np.zeros(di, np.float32)
-            w[f"blk.{i}.ssm_a"] = -np.tile(np.arange(1, ds + 1, dtype=np.float32), (di, 1))
-            w[f"blk.{i}.ssm_d"] = np.ones(di, np.float32)
-            w[f"blk.{i}.ssm_out.weight"] = mat(d, di)
+            w.update(mamba_layer(rng, i, d, self.d_inner, self.d_state, self.d_conv, self.dt_rank))
         self.weights = w
 
     def write(self, path: Path) -> Path:
         def hparams(w):
             w.add_layer_norm_rms_eps(1e-5)
-            w.add_ssm_conv_kernel(self.d_conv)
-            w.add_ssm_inner_size(self.d_inner)
-            w.add_ssm_state_size(self.d_state)
-            w.add_ssm_time_step_rank(self.dt_rank)
+            _add_ssm_hparams(w, self)
 
         return _write(path, "mamba", self, 0, hparams)
+
+
+@dataclass
+class TinyJamba(TinyLlama):
+    """Jamba (llama.cpp's ``jamba``), a hybrid with attention layers WITHOUT any position encoding (no RoPE, no
+    ALiBi: a logit is q.k at every distance) between Mamba-1 layers (``mamba_layer`` with Jamba's RMS norms of dt, B
+    and C), each followed by the llama layout's SwiGLU FFN; llama.cpp caches the two kinds apart (hybrid memory, as
+    LFM2). Here the even layers are Mamba layers, the odd ones attend (GQA, q and k scaled up as TinyLlama's so that
+    attention is peaked: with no position encoding the Lambda mask is the only thing distance changes).
+    reference.forward_jamba is its oracle."""
+
+    arch: str = "jamba"
+    n_layer: int = 4
+    d_state: int = 8
+    d_conv: int = 4
+    dt_rank: int = 4
+
+    @property
+    def d_inner(self) -> int:
+        return 2 * self.n_embd  # the only expansion llama.cpp's jamba loads
+
+    def is_recurrent(self, il: int) -> bool:
+        return il % 2 == 0
+
+    def make_weights(self) -> None:
+        super().make_weights()
+        rng = np.random.default_rng(self.seed + 1)
+        for i in range(self.n_layer):
+            if self.is_recurrent(i):
+                for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                    del self.weights[f"blk.{i}.{name}.weight"]
+                self.weights.update(mamba_layer(rng, i, self.n_embd, self.d_inner, self.d_state, self.d_conv,
+                                                self.dt_rank, norms=True))
+
+    def write(self, path: Path, arch: Optional[str] = None, context_length=TRAINING_LENGTH,
+              rope_dimension_count: bool = True) -> Path:
+        def hparams(w):
+            w.add_layer_norm_rms_eps(self.rms_eps)
+            _add_ssm_hparams(w, self)
+
+        # the Mamba layers have no KV heads: that is how llama.cpp tells them apart
+        kv_heads = [0 if self.is_recurrent(i) else self.n_head_kv for i in range(self.n_layer)]
+        return _write(path, "jamba", self, kv_heads, hparams, context_length)

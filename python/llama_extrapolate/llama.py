@@ -196,7 +196,13 @@ class Llama(llama_cpp.Llama):
 
     def memory_selection(self, layer: int) -> np.ndarray:
         """[n_kv, m] blocks each KV head of ``layer`` selected in the last decode."""
-        return native.memory_selection(self._attention_context("memory_selection"), layer)
+        ctx = self._attention_context("memory_selection")
+        r, info = self.attention_resolved, self.model_info
+        if not r.top_k_layer <= layer < info.block_count or layer in info.recurrent_layers:
+            what = "keeps a recurrent state" if layer in info.recurrent_layers else "is not stored"
+            raise ValueError(f"memory_selection({layer}): layer {layer} {what}; the memory stores the attention "
+                             f"layers from top_k_layer = {r.top_k_layer} to {info.block_count - 1}")
+        return native.memory_selection(ctx, layer)
 
     def _check_attention_options(self, kwargs: dict) -> None:
         """Refuse llama_cpp options under which the configured attention would not be exact."""

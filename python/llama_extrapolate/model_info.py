@@ -243,7 +243,7 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     # layers (those keep their own window); the top-k keys and the memory select among one cache for every layer
     swa = "sliding-window layers" if info.swa_layers else None
     # a model of recurrent layers only has no attention to act on; a hybrid one caches its attention layers apart,
-    # and they take every knob but the document memory (its store holds every layer from the top-k layer on)
+    # and they take every knob (the document memory stores their keys, patch 0043)
     recurrent = None
     if info.recurrent_layers and len(info.recurrent_layers) == info.block_count:
         recurrent = "a recurrent model (it has no attention layers)"
@@ -274,8 +274,6 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
         temperature = "learned attention sinks (a logit per head that the temperature would not divide)"
     elif info.architecture in ("t5", "t5encoder"):
         temperature = "T5's relative position bias (added to the logits, which the temperature would not divide)"
-    if info.recurrent_layers and not recurrent:
-        memory = memory or "recurrent layers"
     return {"lambda": no_lambda or recurrent or no_global,
             "ceiling": no_lambda or ceiling or rotated or recurrent or no_global,
             "temperature": temperature or recurrent or no_global,
