@@ -451,6 +451,11 @@ def table_memory_needle_qwen(r: Path) -> str:
     return keys_found(load("memory_needle_qwen2.5-coder-0.5b.json", r)["trials"], MEMORY_LABELS)
 
 
+def table_memory_needle_multi_qwen(r: Path) -> str:
+    """Needles found on Qwen2.5-Coder-0.5B among distractors (needle-multi: other numbers for other words)."""
+    return keys_found(load("memory_needle-multi_qwen2.5-coder-0.5b.json", r)["trials"], MEMORY_LABELS)
+
+
 def table_memory_needle_blocks(r: Path) -> str:
     """The needle asked from the same reading with m blocks per KV head (bench/memory_study/needle_top_k.py, one
     JSON line per answer): needles found per depth over the trials, and in all."""
@@ -579,6 +584,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-needle": table_memory_needle,
     "memory-qwen": table_memory_qwen,
     "memory-needle-qwen": table_memory_needle_qwen,
+    "memory-needle-multi-qwen": table_memory_needle_multi_qwen,
     "memory-needle-blocks": table_memory_needle_blocks,
     "memory-needle-selection": table_memory_needle_selection,
     "memory-rss-phases": table_memory_rss_phases,
@@ -593,8 +599,8 @@ AREAS: Dict[str, List[str]] = {
     "top-k": ["topk-summary", "topk-passkey", "topk-cost"],
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
     "receptive-fields": ["trf", "erf"],
-    "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-needle-blocks",
-               "memory-needle-selection", "memory-rss-phases", "memory-cost", "memory-step"],
+    "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-needle-multi-qwen",
+               "memory-needle-blocks", "memory-needle-selection", "memory-rss-phases", "memory-cost", "memory-step"],
     "server": ["server-ttft"],
 }
 
