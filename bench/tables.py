@@ -631,16 +631,17 @@ def expand(names: List[str]) -> List[str]:
 UPDATED_DOCS = (ROOT / "README.md", ROOT / "docs" / "results.md")
 
 
-def update_doc(doc: Path, results: Path) -> None:
+def update_doc(doc: Path, results: Path, names=None) -> None:
     """Each table after a marker replaced by what this script prints now (the table is the marker's following run
-    of lines that start with "|")."""
+    of lines that start with "|"); only those in ``names`` when given, so that a partial result file of another
+    table (a run still going) stays out of the docs."""
     lines = doc.read_text().split("\n")
     out, i = [], 0
     while i < len(lines):
         out.append(lines[i])
         name = lines[i].removeprefix("<!-- bench/tables.py ").removesuffix(" -->")
         i += 1
-        if lines[i - 1].startswith("<!-- bench/tables.py ") and name in TABLES:
+        if lines[i - 1].startswith("<!-- bench/tables.py ") and name in TABLES and (names is None or name in names):
             while i < len(lines) and lines[i].startswith("|"):
                 i += 1
             out.extend(render(name, results).split("\n"))
@@ -656,11 +657,12 @@ def main(argv=None) -> int:
     p.add_argument("--list", action="store_true", help="list the areas and tables")
     p.add_argument("--results", default=str(RESULTS), help="directory of the JSON (default: bench/results)")
     p.add_argument("--update", action="store_true",
-                   help="rewrite the marked tables of README.md and docs/ in place (after new results)")
+                   help="rewrite the marked tables of README.md and docs/ in place (after new results): those named, "
+                        "or all")
     args = p.parse_args(argv)
     if args.update:
         for doc in UPDATED_DOCS:
-            update_doc(doc, Path(args.results))
+            update_doc(doc, Path(args.results), set(expand(args.names)))
         return 0
     if args.list:
         for area, names in AREAS.items():
