@@ -469,34 +469,46 @@ def forward_gptoss(model: TinyGptOss, tokens: Sequence[int], cfg: Optional[RefAt
     return x @ w["output.weight"].T
 
 
+def _forward_hybrid(model, tokens, mixer, attend, out_norm: str) -> np.ndarray:
+    """The layer loop the hybrid families share: RMS norm, then the layer's recurrent mixer ``mixer(h, w, il)`` or
+    ``attend(q, k, v, il)`` (q, k, v: the attention projections of the normed input, per head), a residual, then the
+    llama layout's SwiGLU FFN; logits through the ``out_norm`` RMS norm and ``output``."""
+    w = {name: t.astype(np.float64) for name, t in model.weights.items()}
+    tokens = np.asarray(tokens)
+    T, H, Hkv, D, eps = len(tokens), model.n_head, model.n_head_kv, model.head_dim, model.rms_eps
+    x = w["token_embd.weight"][tokens]
+    for il in range(model.n_layer):
+        h = rms_norm(x, w[f"blk.{il}.attn_norm.weight"], eps)
+        if model.is_recurrent(il):
+            x = x + mixer(h, w, il)
+        else:
+            q, k, v = ((h @ w[f"blk.{il}.attn_{p}.weight"].T).reshape(T, n, D)
+                       for p, n in (("q", H), ("k", Hkv), ("v", Hkv)))
+            x = x + attend(q, k, v, w, il).reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
+        x = x + silu_ffn(x, w, il, eps)
+    return rms_norm(x, w[out_norm], eps) @ w["output.weight"].T
+
+
 def forward_lfm2(model: TinyLfm2, tokens: Sequence[int], cfg: Optional[RefAttention] = None,
                  margin: Optional[TopKMargin] = None) -> np.ndarray:
     """Logits (T, n_vocab) of a tiny LFM2: the attention layers as in ``forward`` (q and k RMS-normed per head, NEOX
     RoPE); a convolution layer splits in_proj(h) into b, c, x and gives out_proj(c * conv(b * x)), conv causal over
     the last l_cache inputs of each channel. No attention knob reaches those layers: they see every token."""
     cfg = cfg or RefAttention()
-    w = {name: t.astype(np.float64) for name, t in model.weights.items()}
-    tokens = np.asarray(tokens)
-    T, d, L = len(tokens), model.n_embd, model.l_cache
-    H, Hkv, D, eps = model.n_head, model.n_head_kv, model.head_dim, model.rms_eps
-    x = w["token_embd.weight"][tokens]
-    for il in range(model.n_layer):
-        h = rms_norm(x, w[f"blk.{il}.attn_norm.weight"], eps)
-        if model.is_recurrent(il):
-            b, c, u = np.split(h @ w[f"blk.{il}.shortconv.in_proj.weight"].T, 3, axis=1)
-            bu = np.concatenate([np.zeros((L - 1, d)), b * u])
-            kernel = w[f"blk.{il}.shortconv.conv.weight"]  # (d, L): tap L - 1 is the current input
-            conv = sum(bu[j:j + T] * kernel[:, j] for j in range(L))
-            x = x + (c * conv) @ w[f"blk.{il}.shortconv.out_proj.weight"].T
-        else:
-            q = rms_norm((h @ w[f"blk.{il}.attn_q.weight"].T).reshape(T, H, D), w[f"blk.{il}.attn_q_norm.weight"], eps)
-            k = rms_norm((h @ w[f"blk.{il}.attn_k.weight"].T).reshape(T, Hkv, D), w[f"blk.{il}.attn_k_norm.weight"], eps)
-            v = (h @ w[f"blk.{il}.attn_v.weight"].T).reshape(T, Hkv, D)
-            a = attention(q, k, v, np.arange(T), cfg, il, rope_base=model.rope_frequencies(), neox=True, margin=margin)
-            x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
-        x = x + silu_ffn(x, w, il, eps)
-    x = rms_norm(x, w["token_embd_norm.weight"], eps)
-    return x @ w["output.weight"].T
+    T, L, eps = len(tokens), model.l_cache, model.rms_eps
+
+    def short_conv(h, w, il):
+        b, c, u = np.split(h @ w[f"blk.{il}.shortconv.in_proj.weight"].T, 3, axis=1)
+        bu = np.concatenate([np.zeros((L - 1, model.n_embd)), b * u])
+        kernel = w[f"blk.{il}.shortconv.conv.weight"]  # (d, L): tap L - 1 is the current input
+        conv = sum(bu[j:j + T] * kernel[:, j] for j in range(L))
+        return (c * conv) @ w[f"blk.{il}.shortconv.out_proj.weight"].T
+
+    def attend(q, k, v, w, il):
+        q, k = (rms_norm(t, w[f"blk.{il}.attn_{p}_norm.weight"], eps) for t, p in ((q, "q"), (k, "k")))
+        return attention(q, k, v, np.arange(T), cfg, il, rope_base=model.rope_frequencies(), neox=True, margin=margin)
+
+    return _forward_hybrid(model, tokens, short_conv, attend, "token_embd_norm.weight")
 
 
 def mamba_mixer(h, w, il, eps):
@@ -537,22 +549,11 @@ def forward_jamba(model: TinyJamba, tokens: Sequence[int], cfg: Optional[RefAtte
     layout's SwiGLU FFN. ``rope_base``: rotate q and k as a llama would instead (not the model: to show that a
     library which rotated them would fail)."""
     cfg = cfg or RefAttention()
-    w = {name: t.astype(np.float64) for name, t in model.weights.items()}
-    tokens = np.asarray(tokens)
-    T, H, Hkv, D, eps = len(tokens), model.n_head, model.n_head_kv, model.head_dim, model.rms_eps
-    positions = np.arange(T)
-    x = w["token_embd.weight"][tokens]
-    for il in range(model.n_layer):
-        h = rms_norm(x, w[f"blk.{il}.attn_norm.weight"], eps)
-        if model.is_recurrent(il):
-            x = x + mamba_mixer(h, w, il, eps)
-        else:
-            q = (h @ w[f"blk.{il}.attn_q.weight"].T).reshape(T, H, D)
-            k = (h @ w[f"blk.{il}.attn_k.weight"].T).reshape(T, Hkv, D)
-            v = (h @ w[f"blk.{il}.attn_v.weight"].T).reshape(T, Hkv, D)
-            a = attention(q, k, v, positions, cfg, il, rope_base=rope_base or 0.0,
-                          alibi_slopes=np.zeros(H) if rope_base is None else None, margin=margin)
-            x = x + a.reshape(T, H * D) @ w[f"blk.{il}.attn_output.weight"].T
-        x = x + silu_ffn(x, w, il, eps)
-    x = rms_norm(x, w["output_norm.weight"], eps)
-    return x @ w["output.weight"].T
+    T = len(tokens)
+
+    def attend(q, k, v, w, il):
+        return attention(q, k, v, np.arange(T), cfg, il, rope_base=rope_base or 0.0,
+                         alibi_slopes=np.zeros(model.n_head) if rope_base is None else None, margin=margin)
+
+    return _forward_hybrid(model, tokens, lambda h, w, il: mamba_mixer(h, w, il, model.rms_eps), attend,
+                           "output_norm.weight")
