@@ -67,6 +67,45 @@ def at_once(client, n: int = 2, timeout: float = 600) -> list:
     return results
 
 
+def tiny_llm(path, attention, ubatch=64, **kw):
+    """A Llama on a tiny test model as the oracle tests want it: F32 K/V (the oracle's precision), 512 cells, every
+    token's logits, two threads, ``ubatch`` tokens a micro-batch; ``kw`` overrides any of them."""
+    kw = {"type_k": 0, "type_v": 0, "n_ctx": 512, "logits_all": True, "n_threads": 2, "verbose": False, **kw}
+    return llama_extrapolate.Llama(str(path), attention=attention, n_batch=ubatch, n_ubatch=ubatch, **kw)
+
+
+def memory_state_round_trip(make, tokens, doc: int, layers) -> dict:
+    """The document memory saved and restored with the stream: context a reads tokens[:doc] with the question's
+    retrieval off, saves its state, turns retrieval on and reads the rest; context b (from ``make()`` too) reads
+    something the state must replace, loads the state and reads the rest the same way. Their logits for the rest
+    (``want``, ``got``), each one's selections in ``layers`` (``want_sel``, ``got_sel``), a's memory at the save and
+    b's after the load (``saved``, ``loaded``), for the caller to compare."""
+    import numpy as np
+
+    a, b = make(), make()
+    try:
+        a.set_top_k_active(False)
+        a.eval(tokens[:doc])
+        state = a.save_state()
+        saved = a.memory_info()
+        a.set_top_k_active(True)
+        a.eval(tokens[doc:])
+        b.set_top_k_active(False)
+        b.eval(tokens[:40])
+        b.load_state(state)
+        loaded = b.memory_info()
+        b.set_top_k_active(True)
+        b.eval(tokens[doc:])
+        return {"want": np.asarray(a.scores[doc:len(tokens)], dtype=np.float64),
+                "got": np.asarray(b.scores[doc:len(tokens)], dtype=np.float64),
+                "want_sel": {il: a.memory_selection(il) for il in layers},
+                "got_sel": {il: b.memory_selection(il) for il in layers},
+                "saved": saved, "loaded": loaded}
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.fixture(scope="session")
 def default_model():
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from reference import RefAttention, forward
-from conftest import random_tokens, read_behind_another_sequence, two_sequence_context
+from conftest import random_tokens, read_behind_another_sequence, tiny_llm, two_sequence_context
 from tinymodel import TinyLlama
 
 N_TOKENS = 300
@@ -28,12 +28,7 @@ def tiny(tiny_llama):
     return model, path, random_tokens(model, N_TOKENS, seed=2)
 
 
-def make_llm(path, attention, ubatch=64, **kw):
-    import llama_extrapolate
-
-    kw = {"type_k": 0, "type_v": 0, **kw}  # f32 K/V unless asked otherwise
-    return llama_extrapolate.Llama(str(path), attention=attention, n_ctx=512, n_batch=ubatch, n_ubatch=ubatch,
-                                   n_threads=2, logits_all=True, verbose=False, **kw)
+make_llm = tiny_llm
 
 
 def run(llm, tokens):

@@ -31,7 +31,7 @@ Before patch 0011 the first model was refused (rope_freqs, attention factor) and
 import numpy as np
 import pytest
 
-from conftest import random_tokens
+from conftest import memory_state_round_trip, random_tokens, tiny_llm
 from reference import RefAttention, TopKMargin, forward
 from tinymodel import TinyLlama
 
@@ -70,13 +70,7 @@ def family(request, tmp_path_factory):
     return request.param, model, path, random_tokens(model, N_TOKENS, seed=2)
 
 
-def make_llm(path, attention, ubatch=64, **kw):
-    import llama_extrapolate
-
-    for key, value in dict(type_k=0, type_v=0, n_ctx=512, logits_all=True).items():
-        kw.setdefault(key, value)
-    return llama_extrapolate.Llama(str(path), attention=attention, n_batch=ubatch, n_ubatch=ubatch, n_threads=2,
-                                   verbose=False, **kw)
+make_llm = tiny_llm
 
 
 def logits(llm, tokens, question=None):
@@ -866,30 +860,18 @@ def test_a_hybrid_models_memory_goes_with_its_state(lfm2):
     cfg = AttentionConfig(**LAMBDA, top_k=3, top_k_layer=1, top_k_distance=16, top_k_scope="question",
                           memory_blocks=2, memory_block_size=32)
     doc = 243  # (doc - sinks) % 32 != 0: the store's last block is pending
-    a, b = (make_llm(path, cfg, memory_type="f32", memory_capacity=512) for _ in range(2))
+    make = lambda: make_llm(path, cfg, memory_type="f32", memory_capacity=512)  # noqa: E731
+    r = memory_state_round_trip(make, tokens, doc, (1, 3))
+    for il, sel in r["want_sel"].items():
+        assert (sel >= 0).all()
+        np.testing.assert_array_equal(r["got_sel"][il], sel)
+    np.testing.assert_allclose(r["got"], r["want"], atol=1e-4, rtol=0)
+    llm = make()
     try:
-        a.set_top_k_active(False)
-        a.eval(tokens[:doc])
-        state = a.save_state()
-        a.set_top_k_active(True)
-        a.eval(tokens[doc:])
-        want = np.asarray(a.scores[doc:len(tokens)], dtype=np.float64)
-        want_sel = {il: a.memory_selection(il) for il in (1, 3)}
-        with pytest.raises(ValueError):
-            a.memory_selection(2)
-        b.set_top_k_active(False)
-        b.eval(tokens[:40])  # something in b that the state must replace
-        b.load_state(state)
-        b.set_top_k_active(True)
-        b.eval(tokens[doc:])
-        got = np.asarray(b.scores[doc:len(tokens)], dtype=np.float64)
-        for il, s in want_sel.items():
-            assert (s >= 0).all()
-            np.testing.assert_array_equal(b.memory_selection(il), s)
-        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+        with pytest.raises(ValueError, match="recurrent"):
+            llm.memory_selection(2)
     finally:
-        a.close()
-        b.close()
+        llm.close()
 
 
 def test_a_hybrid_model_takes_every_knob(lfm2, capsys):
@@ -1097,8 +1079,8 @@ def test_jamba_without_a_position_encoding_refuses_the_ceiling_and_the_memory(ja
     support = _support_holds(path, {knob: cfg if knob == "ceiling" else dict(cfg, ceiling=0)
                                     for knob, cfg in KNOB_CONFIGS.items()})
     assert {k: v for k, v in support.items() if v is not None} == {
-        "ceiling": "has no position encoding (no RoPE, no ALiBi)",
-        "memory": "the document memory scores its keys at a bounded distance through RoPE or ALiBi"}, support
+        "ceiling": "no position encoding (no RoPE, no ALiBi)",
+        "memory": "no RoPE or ALiBi, through which the document memory scores its keys at a bounded distance"}, support
     # plain llama_cpp with the settings in the metadata: the ceiling and the memory refused as the model loads (the
     # memory for want of a position encoding, patch 0043; its recurrent layers no longer refuse it)
     key = "jamba.attention.lambda."
@@ -1114,6 +1096,6 @@ def test_jamba_without_a_position_encoding_refuses_the_ceiling_and_the_memory(ja
     out = _hybrid_info(path, capsys)
     assert "position         none (no RoPE, no ALiBi)" in out, out
     assert "NoPE layers" not in out, out
-    assert "  ceiling          refused: has no position encoding (no RoPE, no ALiBi)" in out, out
+    assert "  ceiling          refused: no position encoding (no RoPE, no ALiBi)" in out, out
     for knob in ("lambda", "temperature", "top_k"):
         assert f"  {knob:16s} supported" in out, out

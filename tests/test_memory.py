@@ -13,10 +13,12 @@ are chosen among their keys, scored at distance D. Two things are checked separa
 The caches and the store are F32 here, so the comparison is exact up to float32 arithmetic.
 """
 
+from functools import partial
+
 import numpy as np
 import pytest
 
-from conftest import random_tokens
+from conftest import memory_state_round_trip, random_tokens, tiny_llm
 from reference import RefAttention, TopKMargin, forward, forward_mpt, rope_angles, rotate
 
 N_TOKENS = 300
@@ -42,17 +44,7 @@ def memory_config(**kw):
     return AttentionConfig(**args)
 
 
-def make_llm(path, attention, ubatch=64, **kw):
-    import llama_extrapolate
-
-    kw.setdefault("memory_type", "f32")
-    kw.setdefault("memory_capacity", 512)
-    kw.setdefault("n_ctx", 512)
-    kw.setdefault("logits_all", True)
-    kw.setdefault("type_k", 0)
-    kw.setdefault("type_v", 0)
-    return llama_extrapolate.Llama(str(path), attention=attention, n_batch=ubatch, n_ubatch=ubatch,
-                                   n_threads=2, verbose=False, **kw)
+make_llm = partial(tiny_llm, memory_type="f32", memory_capacity=512)
 
 
 def read_and_ask(llm, tokens, question=QUESTION):
@@ -723,32 +715,12 @@ def test_a_state_holds_the_memory_and_the_stream_goes_on_the_same(tiny):
     model, path, tokens = tiny
     doc = QUESTION - 7  # the store's last block is not complete: its pending tokens go with the state
     assert (doc - S) % B != 0
-    a = make_llm(path, memory_config())
-    b = make_llm(path, memory_config())
-    try:
-        a.set_top_k_active(False)
-        a.eval(tokens[:doc])
-        state = a.save_state()
-        saved = a.memory_info()
-        a.set_top_k_active(True)
-        a.eval(tokens[doc:])
-        want = np.asarray(a.scores[doc:len(tokens)], dtype=np.float64)
-        want_sel = {il: a.memory_selection(il) for il in range(H0, model.n_layer)}
-
-        b.set_top_k_active(False)
-        b.eval(tokens[:40])  # something in b's memory that the state must replace
-        b.load_state(state)
-        assert b.memory_info()["n_tokens"] == saved["n_tokens"] == doc - S
-        b.set_top_k_active(True)
-        b.eval(tokens[doc:])
-        got = np.asarray(b.scores[doc:len(tokens)], dtype=np.float64)
-        for il in range(H0, model.n_layer):
-            np.testing.assert_array_equal(b.memory_selection(il), want_sel[il])
-        assert (want_sel[H0] >= 0).all()  # the memory was selecting, not plain Lambda
-        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
-    finally:
-        a.close()
-        b.close()
+    r = memory_state_round_trip(lambda: make_llm(path, memory_config()), tokens, doc, range(H0, model.n_layer))
+    assert r["loaded"]["n_tokens"] == r["saved"]["n_tokens"] == doc - S
+    for il, sel in r["want_sel"].items():
+        np.testing.assert_array_equal(r["got_sel"][il], sel)
+    assert (r["want_sel"][H0] >= 0).all()  # the memory was selecting, not plain Lambda
+    np.testing.assert_allclose(r["got"], r["want"], atol=1e-4, rtol=0)
 
 
 def test_a_memory_state_into_another_memory_is_refused_with_the_reason(tiny):

@@ -8,22 +8,19 @@ and "graph", the ggml ops a GPU backend runs (here on the CPU backend; on
 Vulkan in test_backends.py), each against the oracle.
 """
 
+from functools import partial
+
 import numpy as np
 import pytest
 
-from conftest import random_tokens
+from conftest import random_tokens, tiny_llm
 from reference import STAT_BIN_LOWER, RefAttention, RefStats, forward, forward_mpt
 
 N_TOKENS = 200
 RTOL = 1e-3
 
 
-def make_llm(path, attention, ubatch=64, **kw):
-    import llama_extrapolate
-
-    kw.setdefault("n_ctx", 512)
-    return llama_extrapolate.Llama(str(path), attention=attention, n_batch=ubatch, n_ubatch=ubatch,
-                                   n_threads=2, verbose=False, type_k=0, type_v=0, **kw)
+make_llm = partial(tiny_llm, logits_all=False)
 
 
 REDUCE = ["host", "graph"]

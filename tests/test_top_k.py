@@ -11,7 +11,7 @@ so whichever copy is picked the output is the same; its margin is not asserted.)
 import numpy as np
 import pytest
 
-from conftest import random_tokens, read_behind_another_sequence
+from conftest import random_tokens, read_behind_another_sequence, tiny_llm
 from reference import RefAttention, TopKMargin, forward, forward_mpt
 
 N_TOKENS = 300
@@ -25,13 +25,7 @@ def tiny(tiny_llama):
     return model, path, random_tokens(model, N_TOKENS, seed=2)
 
 
-def make_llm(path, attention, ubatch=64, **kw):
-    import llama_extrapolate
-
-    kw.setdefault("type_k", 0)
-    kw.setdefault("type_v", 0)
-    return llama_extrapolate.Llama(str(path), attention=attention, n_ctx=512, n_batch=ubatch, n_ubatch=ubatch,
-                                   n_threads=2, logits_all=True, verbose=False, **kw)
+make_llm = tiny_llm
 
 
 def scores(llm, n):

@@ -455,8 +455,8 @@ class AttentionConfig:
                                      memory_candidates=self.resolved_memory_candidates(),
                                      memory_selection=self.memory_selection)
         if resolved.memory and info.position_encoding not in MEMORY_POSITION_ENCODINGS:
-            raise ValueError(f"memory_blocks={self.memory_blocks}: the document memory scores its keys at a bounded "
-                             f"distance through RoPE or ALiBi; {info.architecture} uses {info.position_encoding}")
+            raise ValueError(f"memory_blocks={self.memory_blocks}: {info.architecture} has no RoPE or ALiBi, through "
+                             "which the document memory scores its keys at a bounded distance; use memory_blocks=0")
         if resolved.memory and top_k > resolved.memory_cells:
             raise ValueError(f"top_k={top_k} > memory_blocks*memory_block_size={resolved.memory_cells}: the top-k keys "
                              "are chosen among the selected blocks' keys; lower top_k or raise memory_blocks")

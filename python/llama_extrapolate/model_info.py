@@ -257,7 +257,7 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     rotated = None
     ceiling = None
     if info.position_encoding == "none":
-        ceiling = "has no position encoding (no RoPE, no ALiBi)"  # AttentionConfig.resolve's refusals
+        ceiling = "no position encoding (no RoPE, no ALiBi)"  # as AttentionConfig.resolve says
     elif info.position_encoding == "rope":
         if info.rope_type not in ("normal", "neox"):
             rotated = "multi-section RoPE"
@@ -267,7 +267,7 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
         rotated = "a K-only cache (MLA)"
     memory = rotated
     if info.position_encoding not in MEMORY_POSITION_ENCODINGS:
-        memory = "the document memory scores its keys at a bounded distance through RoPE or ALiBi"
+        memory = "no RoPE or ALiBi, through which the document memory scores its keys at a bounded distance"
     # the temperature divides the logits; terms the softmax adds beside them it would not reach (patch 0018)
     temperature = None
     if info.learned_sinks:
