@@ -8,7 +8,12 @@ rank in each selecting pair's (score-ordered) selection for the question.
 
     python bench/memory_study/needle_selection.py --lengths 8192,16384,32768 --depths 0 --ms 64,256 --cs 0
     python bench/memory_study/needle_selection.py --lengths 16384,32768 --depths 0 --ms 64 --cs 256
+    python bench/memory_study/needle_selection.py --task needle-multi --model qwen2.5-coder-0.5b --lengths 16384 \
+        --depths 0.5,0.75 --ms 64 --cs 1024
 
+--task needle-multi: the prompts of the multi-key needle (the benchmark's, trial for trial), whose distractor lines
+say the same words for other magic words; each row also gives the distractors' blocks, how many pairs select one
+at each step and their best rank per pair for the question, beside the needle's.
 --cs: the candidates the exact q.k reranks (patch 0026; 0: the bound selects the m blocks).
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
@@ -43,6 +49,13 @@ def needle_blocks(prompt: tasks.Prompt, key_tokens, sinks: int, block: int):
     return None, []
 
 
+def distractor_numbers(prompt: tasks.Prompt, detokenize) -> list:
+    """The numbers of the needle lines other than the one asked (the multi-key needle's distractors)."""
+    text = detokenize(prompt.tokens[:prompt.question_start])
+    lines = re.findall(tasks.NEEDLE_LINE.strip().format(word=r"(\S+)", key=r"(\d+)").replace(".", r"\."), text)
+    return [key for _, key in lines if key != prompt.key]
+
+
 def selected(llm: Llama, layers, blocks):
     """Per (layer, KV head): the ranks of the needle's blocks in its selection (empty if none was selected)."""
     out = {}
@@ -56,6 +69,7 @@ def selected(llm: Llama, layers, blocks):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model")
+    ap.add_argument("--task", choices=["needle", "needle-multi"], default="needle")
     ap.add_argument("--lengths", default="8192")
     ap.add_argument("--depths", default="0")
     ap.add_argument("--ms", default="64", help="comma-separated m (blocks each KV head selects)")
@@ -73,11 +87,19 @@ def main(argv=None) -> int:
     haystack = paul_graham_essays()
     for length in (int(x) for x in args.lengths.split(",")):
         for depth in (float(x) for x in args.depths.split(",")):
-            prompt = tasks.needle_prompt(tok, haystack, length, depth, tasks.trial_rng(0, length, depth, args.trial), 0)
+            distractors = tasks.NEEDLE_DISTRACTORS if args.task == "needle-multi" else 0
+            prompt = tasks.needle_prompt(tok, haystack, length, depth, tasks.trial_rng(0, length, depth, args.trial),
+                                         distractors)
+            others = distractor_numbers(prompt, lambda ids: vocab.detokenize(ids).decode(errors="replace"))
+            if len(others) != distractors:
+                raise SystemExit(f"found {len(others)} distractor lines in the prompt, expected {distractors}")
             for m, c in ((int(m), int(c)) for m in args.ms.split(",") for c in args.cs.split(",")):
                 setup = setup_for(f"{MEMORY_CONFIG}:m={m}:c={c}", info, len(prompt.tokens) + 16, 512, window=WINDOW)
                 att = setup.attention
                 span, blocks = needle_blocks(prompt, tok(prompt.key, False), att.sinks, att.memory_block_size)
+                other_blocks = sorted({b for k in others
+                                       for b in needle_blocks(prompt, tok(k, False), att.sinks,
+                                                              att.memory_block_size)[1]} - set(blocks))
                 layers = range(att.top_k_layer, info.block_count)
                 llm = Llama(model, attention=att, n_ctx=setup.n_ctx, n_batch=512, n_ubatch=512,
                             n_threads=args.threads, verbose=False, **setup.llama_kwargs())
@@ -90,6 +112,7 @@ def main(argv=None) -> int:
                     llm.set_top_k_active(True)
                     logits = stream.feed(prompt.tokens[prompt.question_start:])
                     steps, answer = [selected(llm, layers, blocks)], []
+                    other_steps = [selected(llm, layers, other_blocks)]
                     for _ in range(N_NEW):
                         t = int(np.argmax(logits))
                         if t == llm.token_eos():
@@ -97,6 +120,7 @@ def main(argv=None) -> int:
                         answer.append(t)
                         logits = stream.feed([t])
                         steps.append(selected(llm, layers, blocks))
+                        other_steps.append(selected(llm, layers, other_blocks))
                     text = llm.detokenize(answer).decode(errors="replace").strip()
                 finally:
                     stream.close()
@@ -107,6 +131,10 @@ def main(argv=None) -> int:
                            needle_blocks=blocks, n_pairs=len(steps[0]), read_s=round(read_s),
                            selected_per_step=[sum(1 for v in s.values() if v) for s in steps],
                            question_ranks=sorted(min(v) for v in steps[0].values() if v))
+                if args.task == "needle-multi":
+                    row.update(task=args.task, distractor_keys=others, distractor_blocks=other_blocks,
+                               distractor_selected_per_step=[sum(1 for v in s.values() if v) for s in other_steps],
+                               distractor_question_ranks=sorted(min(v) for v in other_steps[0].values() if v))
                 print(json.dumps(row), flush=True)
                 with open(args.output, "a") as f:
                     f.write(json.dumps(row) + "\n")
