@@ -23,6 +23,7 @@ import argparse
 import json
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cs", default="0", help="comma-separated candidates c (0 = the bound selects)")
     ap.add_argument("--trial", type=int, default=0)
     ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--top-k-layer", type=int, help="h0, the first layer that reads the memory (default: the "
+                    "benchmark's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-o", "--output", default=str(RESULTS / "memory_needle_selection.jsonl"))
     args = ap.parse_args(argv)
@@ -96,6 +99,8 @@ def main(argv=None) -> int:
             for m, c in ((int(m), int(c)) for m in args.ms.split(",") for c in args.cs.split(",")):
                 setup = setup_for(f"{MEMORY_CONFIG}:m={m}:c={c}", info, len(prompt.tokens) + 16, 512, window=WINDOW)
                 att = setup.attention
+                if args.top_k_layer is not None:
+                    att = replace(att, top_k_layer=args.top_k_layer)
                 span, blocks = needle_blocks(prompt, tok(prompt.key, False), att.sinks, att.memory_block_size)
                 other_blocks = sorted({b for k in others
                                        for b in needle_blocks(prompt, tok(k, False), att.sinks,
@@ -126,6 +131,7 @@ def main(argv=None) -> int:
                     stream.close()
                     llm.close()
                 row = dict(length=length, depth=depth, trial=args.trial, m=m, candidates=c, top_k=args.top_k,
+                           top_k_layer=att.top_k_layer,
                            key=prompt.key,
                            answer=text, found=tasks.first_number(text) == prompt.key, span=span,
                            needle_blocks=blocks, n_pairs=len(steps[0]), read_s=round(read_s),
