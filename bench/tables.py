@@ -420,9 +420,11 @@ class MemoryLabels(dict):
     def get(self, name, default=None):
         if name.startswith("lambda+memory:m="):
             name, layer = (name[:-len(":layer")], ", per layer") if name.endswith(":layer") else (name, "")
+            name, passages = (name[:-len(":passages")], True) if name.endswith(":passages") else (name, False)
             m, _, c = name[len("lambda+memory:m="):].partition(":c=")
             rerank = f", {c} candidates" if c not in ("", "0") else ", bound only"
-            return f"Λ + memory (m = {m}{rerank}{layer}, B = 64, k = 5)"
+            keys = "whole blocks in text order" if passages else "k = 5"
+            return f"Λ + memory (m = {m}{rerank}{layer}, B = 64, {keys})"
         return super().get(name, default)
 
 

@@ -171,6 +171,13 @@ def test_memory_configurations_name_their_blocks(info, capsys):
     assert layer.attention.resolve(info).memory_selection == "layer" and base.attention.memory_selection == "head"
     assert memory_config_name("lambda+memory:layer") == f"lambda+memory:m={DEFAULT_MEMORY_BLOCKS}:c={c}:layer"
     assert memory_config_name("lambda+memory:m=16:layer") == f"lambda+memory:m=16:c={16 * MEMORY_CANDIDATES_PER_BLOCK}:layer"
+    # ":passages": every key of the selected blocks, in the order of the text (top_k = m * B)
+    passages = setup_for("lambda+memory:m=16:c=64:passages:layer", info, 20_000, 512, window=1024).attention
+    assert passages.top_k == 16 * DEFAULT_MEMORY_BLOCK and passages.memory_selection == "layer"
+    assert base.attention.top_k == 5
+    c16 = 16 * MEMORY_CANDIDATES_PER_BLOCK
+    assert memory_config_name("lambda+memory:m=16:passages") == f"lambda+memory:m=16:c={c16}:passages"
+    assert memory_config_name("lambda+memory:passages:layer").endswith(":passages:layer")
     kv = layer.attention.resolve(info).kv_overrides("llama")
     assert kv["llama.attention.lambda.memory_per_layer"] is True
     assert base.attention.resolve(info).kv_overrides("llama")["llama.attention.lambda.memory_per_layer"] is False

@@ -190,37 +190,46 @@ PROFILE_CONFIG_PREFIX = "profile="
 # a memory configuration whose KV heads of a layer select the same blocks ends with this ("lambda+memory:layer",
 # "lambda+memory:m=64:c=1024:layer"); without it each KV head selects its own
 MEMORY_LAYER_SUFFIX = ":layer"
+# ... with this before ":layer" ("lambda+memory:m=64:c=1024:passages"), the question reads every key of the selected
+# blocks in the order of the text (top_k = m * B, the passages mode) instead of the best five keys
+MEMORY_PASSAGES_SUFFIX = ":passages"
 
 
 class MemorySettings(NamedTuple):
     blocks: int  # m
     candidates: int  # c (0: the bound selects)
     selection: str = "head"  # see config.MEMORY_SELECTIONS
+    passages: bool = False  # every key of the selected blocks, in the order of the text
 
 
 def memory_config_name(name: str) -> str:
     """The name results are stored under: a memory configuration with its m and candidates c ("lambda+memory" is
     the default's, which has changed, so a stored "lambda+memory" would not say what it ran with; results from
-    before the candidates, patch 0026, are "lambda+memory:m=N" and selected by the bound alone), and ":layer" when
-    the layer selects; any other name as it is."""
+    before the candidates, patch 0026, are "lambda+memory:m=N" and selected by the bound alone), ":passages" when
+    the question reads whole blocks and ":layer" when the layer selects; any other name as it is."""
     settings = memory_settings_of(name)
     if settings is None:
         return name
     return (f"{MEMORY_CONFIG}:m={settings.blocks}:c={settings.candidates}"
+            + (MEMORY_PASSAGES_SUFFIX if settings.passages else "")
             + (MEMORY_LAYER_SUFFIX if settings.selection == "layer" else ""))
 
 
 def memory_settings_of(name: str) -> Optional[MemorySettings]:
     """(m, c, selection) of a document-memory configuration name: "lambda+memory", "lambda+memory:m=N" or
     "lambda+memory:m=N:c=C" (c candidates, 0 = the bound selects; by default MEMORY_CANDIDATES_PER_BLOCK * m),
-    each with ":layer" after it for the layer's selection; None for any other name."""
+    each with ":passages" after it for whole blocks in the order of the text, then ":layer" for the layer's
+    selection; None for any other name."""
     from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
 
-    selection = "head"
+    selection, passages = "head", False
     if name.startswith(MEMORY_CONFIG) and name.endswith(MEMORY_LAYER_SUFFIX):
         name, selection = name[:-len(MEMORY_LAYER_SUFFIX)], "layer"
+    if name.startswith(MEMORY_CONFIG) and name.endswith(MEMORY_PASSAGES_SUFFIX):
+        name, passages = name[:-len(MEMORY_PASSAGES_SUFFIX)], True
     if name == MEMORY_CONFIG:
-        return MemorySettings(DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS, selection)
+        return MemorySettings(DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS, selection,
+                              passages)
     prefix = MEMORY_CONFIG + ":m="
     if not name.startswith(prefix):
         return None
@@ -228,11 +237,11 @@ def memory_settings_of(name: str) -> Optional[MemorySettings]:
     if not m.isdigit() or int(m) < 1:
         raise ValueError(f"configuration {name!r}: m must be a whole number >= 1, as in {prefix}64")
     if not c:
-        return MemorySettings(int(m), MEMORY_CANDIDATES_PER_BLOCK * int(m), selection)
+        return MemorySettings(int(m), MEMORY_CANDIDATES_PER_BLOCK * int(m), selection, passages)
     if not c.isdigit() or (int(c) != 0 and int(c) <= int(m)):
         raise ValueError(f"configuration {name!r}: c must be 0 (the bound selects) or a whole number > m, as in "
                          f"{prefix}{m}:c={MEMORY_CANDIDATES_PER_BLOCK * int(m)}")
-    return MemorySettings(int(m), int(c), selection)
+    return MemorySettings(int(m), int(c), selection, passages)
 
 
 def memory_blocks_of(name: str) -> Optional[int]:
@@ -316,7 +325,8 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, full)
     elif (memory := memory_settings_of(name)) is not None:
-        cfg = replace(lam, top_k=5, top_k_scope="question", memory_blocks=memory.blocks,
+        top_k = memory.blocks * lam.memory_block_size if memory.passages else 5
+        cfg = replace(lam, top_k=top_k, top_k_scope="question", memory_blocks=memory.blocks,
                       memory_candidates=memory.candidates, memory_selection=memory.selection,
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, cfg.resolve(info).required_n_ctx(n_batch, stream=n_tokens),
