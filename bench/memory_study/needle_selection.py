@@ -67,6 +67,12 @@ def selected(llm: Llama, layers, blocks):
     return out
 
 
+def how_selected(steps) -> tuple:
+    """Of ``selected`` after each step: how many pairs selected one of the blocks at each step, and each selecting
+    pair's best rank for the question (the first step)."""
+    return ([sum(1 for v in s.values() if v) for s in steps], sorted(min(v) for v in steps[0].values() if v))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model")
@@ -130,17 +136,17 @@ def main(argv=None) -> int:
                 finally:
                     stream.close()
                     llm.close()
+                per_step, ranks = how_selected(steps)
                 row = dict(length=length, depth=depth, trial=args.trial, m=m, candidates=c, top_k=args.top_k,
                            top_k_layer=att.top_k_layer,
                            key=prompt.key,
                            answer=text, found=tasks.first_number(text) == prompt.key, span=span,
                            needle_blocks=blocks, n_pairs=len(steps[0]), read_s=round(read_s),
-                           selected_per_step=[sum(1 for v in s.values() if v) for s in steps],
-                           question_ranks=sorted(min(v) for v in steps[0].values() if v))
+                           selected_per_step=per_step, question_ranks=ranks)
                 if args.task == "needle-multi":
+                    per_step, ranks = how_selected(other_steps)
                     row.update(task=args.task, distractor_keys=others, distractor_blocks=other_blocks,
-                               distractor_selected_per_step=[sum(1 for v in s.values() if v) for s in other_steps],
-                               distractor_question_ranks=sorted(min(v) for v in other_steps[0].values() if v))
+                               distractor_selected_per_step=per_step, distractor_question_ranks=ranks)
                 print(json.dumps(row), flush=True)
                 with open(args.output, "a") as f:
                     f.write(json.dumps(row) + "\n")
