@@ -112,14 +112,34 @@ def test_run_refuses_n_ctx_where_it_has_no_effect(capsys, tmp_path):
     assert "n_ctx=10 has no effect with window=64" in err
 
 
-@pytest.mark.parametrize("flag, value", [("--memory-selection", "layer"), ("--memory-candidates", "256")])
+@pytest.mark.parametrize("flag, value", [("--memory-selection", "layer"), ("--memory-candidates", "256"),
+                                         ("--passages", None)])
 def test_run_refuses_memory_options_without_the_memory(capsys, tmp_path, flag, value):
     from llama_extrapolate import cli
 
     doc = tmp_path / "doc.txt"
     doc.write_text("A short document.\n")
-    assert cli.main(["run", "--file", str(doc), "--prompt", "x", "--memory-blocks", "0", flag, value]) == 2
-    assert f"{flag} {value} without the document memory" in capsys.readouterr().err
+    given = [flag] if value is None else [flag, value]
+    assert cli.main(["run", "--file", str(doc), "--prompt", "x", "--memory-blocks", "0", *given]) == 2
+    assert f"{' '.join(given)} without the document memory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given, top_k", [([], 5), (["--top-k", "8"], 8), (["--passages"], 64 * 64),
+                                          (["--passages", "--memory-blocks", "16", "--memory-block-size", "32"],
+                                           16 * 32)])
+def test_run_passages_read_every_key_of_the_selected_blocks(default_model, given, top_k):
+    """--passages sets top-k to M*B (the passages mode: whole blocks in the order of the text), as the benchmark's
+    ":passages" configurations do; --top-k beside it is refused, not silently overridden."""
+    from llama_extrapolate import cli, read_model_info
+
+    args = cli.build_parser().parse_args(["run", "--file", __file__, "--prompt", "x", "--memory-blocks", "64",
+                                          *given])
+    cfg = cli._attention_from_args(args, read_model_info(default_model))
+    assert cfg.top_k == top_k and cfg.top_k_scope == "question"
+    args = cli.build_parser().parse_args(["run", "--file", __file__, "--prompt", "x", "--memory-blocks", "64",
+                                          "--passages", "--top-k", "5"])
+    with pytest.raises(ValueError, match="--passages with --top-k 5: .*drop one of them"):
+        cli._attention_from_args(args, read_model_info(default_model))
 
 
 def test_shared_options_are_declared_once():

@@ -180,10 +180,17 @@ def _attention_from_args(args: argparse.Namespace, info):
     if memory > 0:
         # the document memory: what leaves the window goes to disk, the question selects blocks and takes the
         # top-k middle keys among them
-        from .config import DEFAULT_TOP_K_LAYER
+        from .config import DEFAULT_MEMORY_BLOCK, DEFAULT_TOP_K_LAYER
 
         layer = args.top_k_layer if args.top_k_layer is not None else min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1)
-        overrides.update(memory_blocks=memory, top_k=args.top_k or 5, top_k_layer=layer,
+        top_k = args.top_k or 5
+        if getattr(args, "passages", False):
+            # every key of the selected blocks, in the order of the text (the passages mode of patch 0012)
+            if args.top_k:
+                raise ValueError(f"--passages with --top-k {args.top_k}: the passages are every key of the selected "
+                                 "blocks (top-k = M*B); drop one of them")
+            top_k = memory * (getattr(args, "memory_block_size", None) or DEFAULT_MEMORY_BLOCK)
+        overrides.update(memory_blocks=memory, top_k=top_k, top_k_layer=layer,
                          top_k_distance=args.top_k_distance, top_k_scope="question")
         if getattr(args, "memory_block_size", None):
             overrides.update(memory_block_size=args.memory_block_size)
@@ -191,9 +198,10 @@ def _attention_from_args(args: argparse.Namespace, info):
             overrides.update(memory_candidates=args.memory_candidates)
         if getattr(args, "memory_selection", None) is not None:
             overrides.update(memory_selection=args.memory_selection)
-    elif (flag := next((f for f in ("memory_candidates", "memory_selection", "memory_block_size")
-                        if getattr(args, f, None) is not None), None)) is not None:
-        raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)} without the document memory: it says how "
+    elif (flag := next((f for f in ("memory_candidates", "memory_selection", "memory_block_size", "passages")
+                        if getattr(args, f, None) not in (None, False)), None)) is not None:
+        value = "" if flag == "passages" else f" {getattr(args, flag)}"
+        raise ValueError(f"--{flag.replace('_', '-')}{value} without the document memory: it says how "
                          "the memory selects its blocks; drop it or set --memory-blocks M (e.g. 64)")
     elif getattr(args, "top_k", None):
         # the document is read with the Lambda mask, the question and the answer add the middle keys
@@ -498,6 +506,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--memory-candidates", type=int,
                    help=f"blocks Quest's bound proposes to each head, of which the M with the largest exact q.k are "
                         f"selected (default {MEMORY_CANDIDATES_PER_BLOCK}*M; 0: the bound selects them)")
+    r.add_argument("--passages", action="store_true",
+                   help="the question reads every key of the M selected blocks, in the order of the text, instead of "
+                        "the --top-k best keys among them: whole passages (found the multi-key needle on Qwen, where "
+                        "the best five keys mixed up two lines; docs/results.md)")
     r.add_argument("--memory-selection", choices=["head", "layer"],
                    help="who selects the blocks: each KV head its own (head, the default) or the layer, whose KV "
                         "heads then read the same blocks (a block's score is its largest over them)")
