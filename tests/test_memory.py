@@ -707,6 +707,12 @@ def test_run_with_the_memory_on_a_short_document(tiny, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 0, err
     assert "blocks of 64" in err and f"{DEFAULT_MEMORY_BLOCKS} selected per head" in err
+    assert "read whole" not in err
+    rc = cli.main(["run", "--model", str(path), "--file", str(doc), "--prompt", "What jumps?", "--window", "32",
+                   "--sinks", "4", "--max-tokens", "4", "--n-batch", "32", "--no-chat", "--passages"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert f"top-k {DEFAULT_MEMORY_BLOCKS * 64} " in err and "selected per head, read whole" in err
 
 
 def test_a_state_holds_the_memory_and_the_stream_goes_on_the_same(tiny):
