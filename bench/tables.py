@@ -126,7 +126,7 @@ def table_nll_models(r: Path) -> str:
             else:  # None: the model's training length
                 setting = f"S = {c['sinks']}, W = {c['window'] or 'the training length'}"
             speed = f(e["tokens_per_second"], 1) if e.get("complete") else f"(stopped at {e.get('tokens_done', 0)})"
-            rows.append([Path(d["model"]).stem, f"{nll_label(name)} ({setting})"] + cells + [speed, d["threads"]])
+            rows.append([Path(d["model"]).stem, f"{nll_label(name)} ({setting})"] + cells + [speed, e.get("threads", d["threads"])])
     head = [f"NLL {k(lo)}–{k(hi)}" for lo, hi in MODEL_NLL_RANGES]
     return md(["model", "configuration"] + head + ["tok/s", "threads"], rows)
 

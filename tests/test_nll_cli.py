@@ -34,6 +34,7 @@ def test_nll_compares_every_baseline_and_resumes(tmp_path, tiny_llama, monkeypat
         assert e["complete"] and e["tokens_done"] == 300, name
         assert len(e["buckets"]) == 12 and e["buckets"][-1]["end"] == 299
         assert e["tokens_per_second"] > 0 and e["peak_rss_bytes"] > 0
+        assert e["threads"] == 2, name  # each configuration's own: a resumed one may run with other threads
     c = res["configs"]
     assert c["lambda"]["config"]["n_ctx"] < 300 < c["vanilla"]["config"]["n_ctx"]
     assert c["context-shift"]["config"]["n_ctx"] == 64  # the tiny model's training length

@@ -375,7 +375,8 @@ def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_pat
     for st in setups:
         if results["configs"].get(st.name, {}).get("complete"):
             continue
-        entry = {"config": st.describe(), "complete": False}
+        # threads per configuration: a resumed run may use other threads than the one before it
+        entry = {"config": st.describe(), "complete": False, "threads": threads}
         results["configs"][st.name] = entry
         peak_rss_reset()
         llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
