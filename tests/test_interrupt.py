@@ -116,3 +116,52 @@ def test_calibrate_interrupted_resumes_to_the_same_profile(tmp_path, tiny_llama,
     assert f"resuming with {n_before} passes" in done.stderr
     got, want = json.loads(out.read_text()), json.loads(ref.read_text())
     assert [(e["length"], e["tau"]) for e in got["entries"]] == [(e["length"], e["tau"]) for e in want["entries"]]
+
+
+def test_a_second_run_on_the_same_results_file_is_refused(tmp_path, tiny_llama, capsys):
+    """Two runs resuming one file would each rewrite it without the other's trials: the second is refused at its
+    start, naming the holder, and the file is free again once the first ends, however it ends (a kill included)."""
+    import os
+
+    from llama_extrapolate import cli, evaluate
+    from llama_extrapolate.jsonfile import one_writer
+
+    _, model = tiny_llama
+    out = tmp_path / "pk.json"
+    lock = tmp_path / "pk.json.lock"
+    args = ["passkey", "--model", str(model), "--lengths", "300", "--depths", "0", "--trials", "1", "--configs",
+            "lambda", "--window", "32", "--sinks", "4", "--n-batch", "64", "--threads", "1", "--quiet", "-o", str(out)]
+    with one_writer(out):
+        assert lock.read_text().strip() == str(os.getpid())
+        assert cli.main(args) == 2
+        assert f"{out} is being written by another run (pid {os.getpid()})" in capsys.readouterr().err
+        with pytest.raises(RuntimeError, match="another output file"):
+            evaluate.compare_nll(str(model), list(range(100)), ["lambda"], out, bucket=50, n_batch=32, threads=1,
+                                 progress=False)
+    assert not out.exists() and not lock.exists()
+    assert cli.main(args) == 0 and len(json.loads(out.read_text())["trials"]) == 1
+    assert not lock.exists()
+    with pytest.raises(ZeroDivisionError):
+        with one_writer(out):
+            1 / 0
+    with one_writer(out):
+        pass
+    # a holder killed outright: its lock file stays, its lock does not
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from llama_extrapolate.jsonfile import one_writer\n"
+                               f"with one_writer({str(out)!r}):\n"
+                               "    print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RuntimeError, match=f"pid {holder.pid}"):
+            with one_writer(out):
+                pass
+        holder.kill()
+        holder.wait(timeout=30)
+        assert lock.exists()
+        with one_writer(out):
+            pass
+    finally:
+        if holder.poll() is None:
+            holder.kill()

@@ -15,7 +15,7 @@ import llama_cpp
 import numpy as np
 
 from . import native
-from .jsonfile import read_json_if, write_json_atomic
+from .jsonfile import read_json_if, write_json_atomic, writes_one_file
 from .resources import peak_rss_bytes, peak_rss_reset
 
 
@@ -340,6 +340,7 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
     return EvalSetup(name, cfg, resolved.required_n_ctx(n_batch, stream=n_tokens))
 
 
+@writes_one_file("out_path")
 def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_path, *, bucket: int = 1024,
                 n_batch: int = 512, threads: Optional[int] = None, window: Optional[int] = None,
                 sinks: Optional[int] = None, meta: Optional[dict] = None, progress: bool = True,

@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from . import native
-from .jsonfile import read_json_if, write_json_atomic
+from .jsonfile import read_json_if, write_json_atomic, writes_one_file
 from .native import load_tokenizer
 
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -176,6 +176,7 @@ def trial_rng(seed: int, length: int, depth: float, trial: int) -> np.random.Gen
     return np.random.default_rng([seed, length, int(round(depth * 1000)), trial])
 
 
+@writes_one_file("out_path")
 def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequence[int], depths: Sequence[float],
                   trials: int, seed: int, out_path, *, n_batch: int = 512, threads: Optional[int] = None,
                   window: Optional[int] = None, sinks: Optional[int] = None, n_new: int = 10,
