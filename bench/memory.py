@@ -91,7 +91,8 @@ def run_retrieval(args) -> None:
 
 def run_cost(args) -> None:
     import llama_extrapolate as le
-    from llama_extrapolate.evaluate import MEMORY_CONFIG, memory_config_name, memory_settings_of, setup_for
+    from llama_extrapolate.evaluate import (MEMORY_CONFIG, MEMORY_PASSAGES_SUFFIX, memory_config_name,
+                                            memory_settings_of, setup_for)
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
     from tqdm import tqdm
 
@@ -99,10 +100,13 @@ def run_cost(args) -> None:
     if args.memory_candidates is not None and not args.memory_blocks:
         raise SystemExit("--memory-candidates needs --memory-blocks (the m they are chosen for)")
     memory_name = memory_config_name(MEMORY_CONFIG + (f":m={args.memory_blocks}" if args.memory_blocks else "")
-                                     + (f":c={args.memory_candidates}" if args.memory_candidates is not None else ""))
-    m, c, _ = memory_settings_of(memory_name)
-    out = {"tokens": len(tokens), "window": args.window, "threads": args.threads, "memory_blocks": m,
-           "memory_candidates": c, "configs": {}}
+                                     + (f":c={args.memory_candidates}" if args.memory_candidates is not None else "")
+                                     + (MEMORY_PASSAGES_SUFFIX if args.passages else ""))
+    settings = memory_settings_of(memory_name)
+    out = {"tokens": len(tokens), "window": args.window, "threads": args.threads, "memory_blocks": settings.blocks,
+           "memory_candidates": settings.candidates, "configs": {}}
+    if settings.passages:
+        out["passages"] = True
     path = RESULTS / "memory_cost.json"
     runs = json.loads(path.read_text())["runs"] if path.exists() else []
     names = ["lambda", memory_name]
@@ -141,10 +145,11 @@ def run_cost(args) -> None:
     lam, mem = out["configs"]["lambda"], out["configs"][memory_name]
     out["read_speed_ratio"] = mem["read_tok_s"] / lam["read_tok_s"]
     out["peak_rss_ratio"] = mem["peak_rss_bytes"] / lam["peak_rss_bytes"]
-    # one entry per length, window, m and c (entries from before m was a choice have the default's 16, from before
-    # the candidates none)
+    # one entry per length, window, m, c and question mode (entries from before m was a choice have the default's
+    # 16, from before the candidates none)
     def key(run):
-        return run["window"], run["tokens"], run.get("memory_blocks", 16), run.get("memory_candidates", 0)
+        return (run["window"], run["tokens"], run.get("memory_blocks", 16), run.get("memory_candidates", 0),
+                run.get("passages", False))
 
     runs = [r for r in runs if key(r) != key(out)] + [out]
     path.write_text(json.dumps({"runs": sorted(runs, key=key)}, indent=1))
@@ -214,6 +219,8 @@ def main(argv=None) -> int:
     c.add_argument("--memory-blocks", type=int, help="m, the blocks each KV head selects (default: the library's)")
     c.add_argument("--memory-candidates", type=int,
                    help="c, the blocks the bound proposes for the exact rerank (default: the library's 16m; 0: none)")
+    c.add_argument("--passages", action="store_true",
+                   help="the question reads every key of the selected blocks in the order of the text (top-k = m*B)")
     c.add_argument("--lambda-from-earlier", action="store_true",
                    help="take the bounded stream's figures from the latest earlier run at this length, window and "
                         "thread count instead of reading it again (half the time at 128k)")

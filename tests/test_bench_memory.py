@@ -1,0 +1,23 @@
+"""The bookkeeping of bench/memory.py's cost run on a short stream: what it records, and one entry per setting
+(the passages mode its own)."""
+
+import json
+
+from conftest import load_bench
+
+
+def test_cost_run_keeps_one_entry_per_setting(tmp_path, monkeypatch):
+    bench = load_bench("memory")
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    common = ["cost", "--tokens", "800", "--window", "128", "--n-batch", "128", "--memory-blocks", "4",
+              "--memory-candidates", "8"]
+    for extra in ([], ["--passages"], []):  # the third replaces the first's entry
+        assert bench.main(common + extra) == 0
+    runs = json.loads((tmp_path / "memory_cost.json").read_text())["runs"]
+    assert [r.get("passages", False) for r in runs] == [False, True]
+    for run, name in zip(runs, ("lambda+memory:m=4:c=8", "lambda+memory:m=4:c=8:passages")):
+        assert set(run["configs"]) == {"lambda", name}
+        assert (run["memory_blocks"], run["memory_candidates"], run["tokens"]) == (4, 8, 800)
+        mem = run["configs"][name]
+        assert mem["memory"]["n_blocks"] >= (800 - 10 - 128) // 64 and mem["disk_bytes_per_token"] > 0
+        assert run["read_speed_ratio"] > 0 and run["peak_rss_ratio"] > 0
