@@ -157,6 +157,19 @@ def test_bad_attention_settings_stop_the_server_with_the_reason(tmp_path):
     assert proc.returncode == 2 and "n_ctx=600" in proc.stderr, proc.stderr
 
 
+def test_passages_setting_reads_whole_blocks(default_model):
+    """`passages` in a model's settings (or --passages) is run's --passages: top_k = memory_blocks x block size,
+    refused beside top_k and without the memory."""
+    from llama_extrapolate.server import ExtrapolateModelSettings, attention_settings
+
+    got = attention_settings(ExtrapolateModelSettings(model=str(default_model), memory_blocks=16, passages=True))
+    assert got["resolved"].top_k == 16 * 64 and got["resolved"].memory
+    with pytest.raises(ValueError, match="--passages with --top-k 5"):
+        attention_settings(ExtrapolateModelSettings(model=str(default_model), top_k=5, passages=True))
+    with pytest.raises(ValueError, match="--passages without the document memory"):
+        attention_settings(ExtrapolateModelSettings(model=str(default_model), memory_blocks=0, passages=True))
+
+
 def test_config_file_models_take_attention_settings(tmp_path, default_model):
     """llama-cpp-python's config file, with the attention settings in the model: read back from the library."""
     config = tmp_path / "serve.json"

@@ -67,6 +67,9 @@ class ExtrapolateModelSettings(ModelSettings):
     memory_candidates: Optional[int] = Field(default=None, ge=0, description=(
         "blocks the bound proposes to each head, the memory_blocks with the largest exact q.k selected "
         "(default 16 x memory_blocks; 0: the bound selects)"))
+    passages: bool = Field(default=False, description=(
+        "the question reads every key of the memory_blocks selected blocks in the order of the text (whole "
+        "passages, top_k = memory_blocks x memory_block_size) instead of the top_k best keys among them"))
     memory_selection: Optional[Literal["head", "layer"]] = Field(default=None, description=(
         "who selects the memory's blocks: each KV head its own (head, the default) or the layer for all its heads"))
     memory_type: Optional[Literal["q8_0", "q4_0", "f16", "f32"]] = Field(
@@ -109,7 +112,7 @@ def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
     info = read_model_info(model)
     args = argparse.Namespace(**{k: getattr(settings, k) for k in (
         "window", "sinks", "ceiling", "top_k", "top_k_layer", "top_k_distance", "memory_blocks", "memory_block_size",
-        "memory_candidates", "memory_selection", "profile", "profile_mode")})
+        "memory_candidates", "memory_selection", "passages", "profile", "profile_mode")})
     cli._default_memory(args, info)
     attention = cli._attention_from_args(args, info)
     resolved = attention.resolve(info)
