@@ -135,6 +135,12 @@ def test_a_second_run_on_the_same_results_file_is_refused(tmp_path, tiny_llama, 
         assert lock.read_text().strip() == str(os.getpid())
         assert cli.main(args) == 2
         assert f"{out} is being written by another run (pid {os.getpid()})" in capsys.readouterr().err
+        # calibrate's profile too: its passes file is resumed the same way
+        text = tmp_path / "text.txt"
+        text.write_text("river stone light " * 200)
+        assert cli.main(["calibrate", "--model", str(model), "--text", str(text), "--training-length", "64",
+                         "--lengths", "128", "--quiet", "-o", str(out)]) == 2
+        assert f"{out} is being written by another run" in capsys.readouterr().err
         with pytest.raises(RuntimeError, match="another output file"):
             evaluate.compare_nll(str(model), list(range(100)), ["lambda"], out, bucket=50, n_batch=32, threads=1,
                                  progress=False)

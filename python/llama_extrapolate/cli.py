@@ -141,20 +141,22 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import calibrate as cal
+    from .jsonfile import one_writer
 
     model = _model_path(args)
     _at_least(args, "training_length", 2)
     _at_least(args, "threads", 1)
     text, desc = _read_text(args)
     out = Path(args.output) if args.output else Path(Path(model).stem + ".calibration.json")
-    prof = cal.calibrate_model(
-        model, text, desc, out, training_length=args.training_length,
-        lengths=_lengths(args.lengths, "--lengths") if args.lengths else None,
-        modes=list(cal.MODES) if args.mode == "both" else [args.mode],
-        granularities=[g.strip() for g in args.granularity.split(",") if g.strip()], search=args.search,
-        queries=args.queries, tail=args.tail, tol=args.tol, refine=args.refine, n_batch=args.n_batch,
-        threads=args.threads, progress=not args.quiet)
-    prof.save(out)
+    with one_writer(out):  # its passes file is resumed and rewritten after every pass, as nll's and passkey's
+        prof = cal.calibrate_model(
+            model, text, desc, out, training_length=args.training_length,
+            lengths=_lengths(args.lengths, "--lengths") if args.lengths else None,
+            modes=list(cal.MODES) if args.mode == "both" else [args.mode],
+            granularities=[g.strip() for g in args.granularity.split(",") if g.strip()], search=args.search,
+            queries=args.queries, tail=args.tail, tol=args.tol, refine=args.refine, n_batch=args.n_batch,
+            threads=args.threads, progress=not args.quiet)
+        prof.save(out)
     if args.json:
         print(json.dumps({"profile": str(out), "entries": prof.entries, **prof.extra}, indent=1))
         return 0
