@@ -182,16 +182,15 @@ def _attention_from_args(args: argparse.Namespace, info):
     if memory > 0:
         # the document memory: what leaves the window goes to disk, the question selects blocks and takes the
         # top-k middle keys among them
-        from .config import DEFAULT_MEMORY_BLOCK, DEFAULT_TOP_K_LAYER
+        from .config import DEFAULT_MEMORY_BLOCK, DEFAULT_TOP_K_LAYER, memory_question_top_k
 
         layer = args.top_k_layer if args.top_k_layer is not None else min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1)
-        top_k = args.top_k or 5
-        if getattr(args, "passages", False):
-            # every key of the selected blocks, in the order of the text (the passages mode of patch 0012)
-            if args.top_k:
-                raise ValueError(f"--passages with --top-k {args.top_k}: the passages are every key of the selected "
-                                 "blocks (top-k = M*B); drop one of them")
-            top_k = memory * (getattr(args, "memory_block_size", None) or DEFAULT_MEMORY_BLOCK)
+        passages = getattr(args, "passages", False)
+        if passages and args.top_k:
+            raise ValueError(f"--passages with --top-k {args.top_k}: the passages are every key of the selected "
+                             "blocks (top-k = M*B); drop one of them")
+        top_k = args.top_k or memory_question_top_k(
+            memory, getattr(args, "memory_block_size", None) or DEFAULT_MEMORY_BLOCK, passages)
         overrides.update(memory_blocks=memory, top_k=top_k, top_k_layer=layer,
                          top_k_distance=args.top_k_distance, top_k_scope="question")
         if getattr(args, "memory_block_size", None):
@@ -307,7 +306,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 mi = llm.memory_info()
                 top_k += (f", memory {mi['n_blocks']} blocks of {mi['n_block']} ({mi['bytes_on_disk'] / 2**20:.1f} MiB on "
                           f"disk, {mi['bytes_in_ram'] / 2**20:.1f} MiB in RAM), {r.memory_blocks} selected per head"
-                          + (", read whole" if r.top_k == r.memory_blocks * r.memory_block_size else ""))
+                          + (", read whole" if r.memory_passages else ""))
             print(f"[{llm.n_tokens} tokens in the stream, window {r.window or 'off'}, sinks {r.sinks}, ceiling "
                   f"{r.ceiling or 'off'}{top_k}, cache {n_ctx} cells, {time.perf_counter() - t0:.1f} s, peak RSS "
                   f"{resources.peak_rss_bytes() / 2**20:.0f} MiB]", file=sys.stderr)

@@ -48,6 +48,14 @@ DEFAULT_MEMORY_BLOCKS = 64
 # per depth, 4 of 10 with 4m and 7 of 10 with 16m; a decode step with the memory opened for 128k tokens (W = 1024)
 # takes 113 ms with the bound alone, 144 ms with 4m and 232 ms with 16m since patch 0029 (docs/results.md)
 MEMORY_CANDIDATES_PER_BLOCK = 16
+# the question takes LM-Infinite's 5 best keys of the memory's selected blocks, or with passages every key of the m
+# blocks in the order of the text (patch 0012's mode, on when top_k >= m*B)
+DEFAULT_MEMORY_TOP_K = 5
+
+
+def memory_question_top_k(blocks: int, block_size: int, passages: bool) -> int:
+    """top_k for a memory of ``blocks`` selected blocks of ``block_size`` tokens: m*B reads them whole."""
+    return blocks * block_size if passages else DEFAULT_MEMORY_TOP_K
 MEMORY_TYPES = {"q8_0": 8, "q4_0": 2, "f16": 1, "f32": 0}  # name -> enum ggml_type
 # the position encodings the document memory scores its keys through, at a bounded distance
 MEMORY_POSITION_ENCODINGS = ("rope", "alibi")
@@ -97,6 +105,11 @@ class ResolvedAttention:
         """The keys each KV head reads from the selected blocks (m*B; they are brought into the graph, not the
         cache)."""
         return self.memory_blocks * self.memory_block_size
+
+    @property
+    def memory_passages(self) -> bool:
+        """The question reads every key of the selected blocks in the order of the text (patch 0012: top_k >= m*B)."""
+        return self.memory and self.top_k >= self.memory_cells
 
     @property
     def memory_edge_cells(self) -> int:

@@ -293,7 +293,7 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
     """
     from dataclasses import replace
 
-    from .config import DEFAULT_TOP_K_LAYER, AttentionConfig
+    from .config import DEFAULT_TOP_K_LAYER, AttentionConfig, memory_question_top_k
 
     l_pre = int(info.context_length)
     full = n_tokens + n_batch
@@ -325,8 +325,8 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, full)
     elif (memory := memory_settings_of(name)) is not None:
-        top_k = memory.blocks * lam.memory_block_size if memory.passages else 5
-        cfg = replace(lam, top_k=top_k, top_k_scope="question", memory_blocks=memory.blocks,
+        cfg = replace(lam, top_k=memory_question_top_k(memory.blocks, lam.memory_block_size, memory.passages),
+                      top_k_scope="question", memory_blocks=memory.blocks,
                       memory_candidates=memory.candidates, memory_selection=memory.selection,
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, cfg.resolve(info).required_n_ctx(n_batch, stream=n_tokens),
