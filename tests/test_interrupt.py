@@ -171,3 +171,17 @@ def test_a_second_run_on_the_same_results_file_is_refused(tmp_path, tiny_llama, 
     finally:
         if holder.poll() is None:
             holder.kill()
+
+
+def test_an_unwritable_results_directory_is_named_before_the_run(tmp_path, tiny_llama, capsys):
+    from llama_extrapolate import cli
+
+    _, model = tiny_llama
+    not_a_directory = tmp_path / "results"
+    not_a_directory.write_text("a file where the directory should be")
+    out = not_a_directory / "pk.json"
+    args = ["passkey", "--model", str(model), "--lengths", "300", "--depths", "0", "--trials", "1", "--configs",
+            "lambda", "--window", "32", "--sinks", "4", "--n-batch", "64", "--threads", "1", "--quiet", "-o", str(out)]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write results to {out}" in err and "writable directory" in err, err

@@ -150,3 +150,100 @@ def smol_tokenize_text(tokenize, ids):
         return vocab.detokenize(ids).decode("utf-8", errors="replace")
     finally:
         vocab.close()
+
+
+SHARED = ["lambda+memory:m=2:c=0", "lambda+memory:m=2:c=0:passages", "lambda"]
+
+
+@pytest.fixture(scope="module")
+def tiny_wide(tmp_path_factory):
+    """The tiny llama with heads of 32 values: the memory's default q8_0 store takes them (16 do not split into
+    its blocks), so the benchmark's configurations run unchanged."""
+    from tinymodel import TinyLlama
+
+    model = TinyLlama(n_embd=128)
+    model.make_weights()
+    return model, model.write(tmp_path_factory.mktemp("tiny") / "tiny-llama-wide.gguf")
+
+
+def test_configurations_that_read_alike_are_grouped():
+    from llama_extrapolate import tasks
+
+    assert tasks.shared_readings(SHARED + ["vanilla"]) == [(SHARED[0], SHARED), ("vanilla", ["vanilla"])]
+    # a ':passages' configuration reads as its twin; alone, each reads as itself
+    assert tasks.shared_readings([SHARED[1], "lambda"]) == [(SHARED[0], [SHARED[1], "lambda"])]
+    assert tasks.shared_readings([SHARED[1]]) == [(SHARED[1], [SHARED[1]])]
+    assert tasks.shared_readings(["lambda", "context-shift"]) == [("lambda", ["lambda"]),
+                                                                 ("context-shift", ["context-shift"])]
+    assert tasks.shared_readings(["lambda+memory:m=2:c=0", "lambda+memory:m=4:c=0"]) == [
+        ("lambda+memory:m=2:c=0", ["lambda+memory:m=2:c=0"]), ("lambda+memory:m=4:c=0", ["lambda+memory:m=4:c=0"])]
+
+
+def test_one_reading_asked_three_ways_equals_three_readings(tiny_wide, monkeypatch):
+    """The memory's reading asked with its top-5 keys, with whole blocks and with no memory (Λ), each from the state
+    saved after the reading, gives the question the logits of a reading of its own for each configuration."""
+    import numpy as np
+
+    from conftest import random_tokens
+    from llama_extrapolate import Llama, tasks
+    from llama_extrapolate.evaluate import setup_for
+    from llama_extrapolate.model_info import read_model_info
+
+    model, path = tiny_wide
+    info = read_model_info(str(path))
+    tokens = random_tokens(model, 430, seed=5)
+    doc, question = tokens[:400], tokens[400:]
+    seen = []
+    answer = tasks.Stream.answer
+    monkeypatch.setattr(tasks.Stream, "answer", lambda self, logits, n: answer(self, seen.append(logits.copy()) or
+                                                                                logits, n))
+
+    def stream_for(name):
+        st = setup_for(name, info, len(tokens) + 8, 32, window=32, sinks=4)
+        # F32 caches: with F16 ones the Λ stream's own logits move by ~3e-3 with where its chunks end
+        llm = Llama(str(path), attention=st.attention, n_ctx=st.n_ctx, n_batch=32, n_ubatch=32, n_threads=2,
+                    verbose=False, type_k=0, type_v=0, **st.llama_kwargs())
+        return llm, st, tasks.Stream(llm, 32, st.context_shift)
+
+    llm, st, stream = stream_for(SHARED[0])
+    try:
+        shared = stream.ask_each(doc, question, 6, {n: tasks.question_top_k(n, st.attention) for n in SHARED})
+    finally:
+        stream.close()
+        llm.close()
+    shared_logits = dict(zip(SHARED, seen))
+    assert list(shared) == SHARED
+    for name in SHARED:
+        seen.clear()
+        llm, st, stream = stream_for(name)
+        try:
+            alone = stream.greedy(tokens, 6, len(doc) if st.top_k_question else None)
+        finally:
+            stream.close()
+            llm.close()
+        np.testing.assert_allclose(shared_logits[name], seen[0], rtol=0, atol=1e-4, err_msg=name)
+        assert shared[name] == alone, name
+    # three questions indeed: the memory's keys change what the question sees
+    for a, b in [(0, 1), (0, 2), (1, 2)]:
+        assert np.abs(shared_logits[SHARED[a]] - shared_logits[SHARED[b]]).max() > 1e-2
+
+
+def test_a_shared_reading_records_what_it_read_with(tmp_path, tiny_wide):
+    import json
+
+    from llama_extrapolate import tasks
+
+    _, path = tiny_wide
+    kw = dict(n_batch=32, threads=2, window=32, sinks=4, n_new=4, progress=False)
+    out = tmp_path / "shared.json"
+    res = tasks.run_retrieval(str(path), "passkey", SHARED, [300], [0.0, 1.0], 1, 0, out, **kw)
+    alone = tasks.run_retrieval(str(path), "passkey", SHARED, [300], [0.0, 1.0], 1, 0, tmp_path / "alone.json",
+                                share_reading=False, **kw)
+    assert len(res["trials"]) == 3 * 2
+    assert all(t["read_with"] == SHARED[0] for t in res["trials"])
+    assert not any("read_with" in t for t in alone["trials"])
+    # the memory's two questions are asked after the same chunks of reading as alone (the logits are
+    # compared above, for Λ too)
+    answers = lambda r: {(t["config"], t["depth"]): t["answer"] for t in r["trials"] if t["config"] != "lambda"}
+    assert answers(res) == answers(alone)
+    assert json.loads(out.read_text())["trials"] == res["trials"]

@@ -43,7 +43,11 @@ def one_writer(path: Union[str, Path]) -> Iterator[None]:
     path = Path(path)
     lock_path = path.with_name(path.name + ".lock")
     while True:
-        f = open(lock_path, "a+")
+        try:
+            f = open(lock_path, "a+")
+        except OSError as e:  # before the run reads anything: the results could not be written either
+            raise RuntimeError(f"cannot write results to {path} ({e.strerror}: {lock_path}): make "
+                               f"{path.parent} a writable directory, or give another output file") from None
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -158,6 +158,29 @@ class Stream(native.Stream):
         self.llm.set_top_k_active(True)
         return self.answer(self.feed(question), n_new)
 
+    def ask_each(self, document: Sequence[int], question: Sequence[int], n_new: int,
+                 top_ks: Dict[str, int]) -> Dict[str, List[int]]:
+        """Read ``document`` once, then answer ``question`` once per entry of ``top_ks`` ({name: the question's
+        top_k, 0 = no middle keys}), each from the state right after the reading (saved to a temporary file,
+        with the memory's blocks when it has a memory)."""
+        import tempfile
+
+        self.read_document(document)
+        out: Dict[str, List[int]] = {}
+        with tempfile.TemporaryDirectory(prefix="llama-extrapolate-reading-") as tmp:
+            state = Path(tmp) / "reading.state"
+            if len(top_ks) > 1:
+                native.write_state_file(self.ctx, state, document)
+            for i, (name, k) in enumerate(top_ks.items()):
+                if i > 0:
+                    self.reset()
+                    if native.read_state_file(self.ctx, state, len(document)) != list(document):
+                        raise RuntimeError(f"the state saved after the reading ({state}) did not load back")
+                    self.n_past = len(document)
+                self.llm.set_top_k(k)
+                out[name] = self.answer(self.feed(question), n_new)
+        return out
+
     def answer(self, logits: np.ndarray, n_new: int) -> List[int]:
         out = []
         eos = self.llm.token_eos()
@@ -176,13 +199,50 @@ def trial_rng(seed: int, length: int, depth: float, trial: int) -> np.random.Gen
     return np.random.default_rng([seed, length, int(round(depth * 1000)), trial])
 
 
+def shared_readings(configs: Sequence[str]) -> List[tuple]:
+    """[(the configuration that reads, [the configurations asked after its reading])] in the order given.
+
+    A document-memory configuration and its ':passages' twin read alike (the question's top_k alone differs),
+    and 'lambda' is the memory's reading with the memory left unused at the question: the same Λ mask over the
+    same window and sinks (the memory only keeps what leaves the window; a key it still caches at the window's
+    edge is masked), so all three read once. Every other configuration reads alone."""
+    from .evaluate import MEMORY_PASSAGES_SUFFIX, memory_config_name, memory_settings_of
+
+    groups: Dict[str, List[str]] = {}
+    for name in configs:
+        settings = memory_settings_of(name)
+        reader = name if settings is None else memory_config_name(name.replace(MEMORY_PASSAGES_SUFFIX, ""))
+        groups.setdefault(reader, []).append(name)
+    readers = [r for r in groups if memory_settings_of(r) is not None]
+    if "lambda" in groups and readers:
+        groups[readers[0]] += groups.pop("lambda")
+    # a configuration alone reads as itself (a ':passages' one with its own top_k from the start)
+    return [(names[0], names) if len(names) == 1 else (reader, names) for reader, names in groups.items()]
+
+
+def question_top_k(name: str, attention) -> int:
+    """The top_k a question of configuration ``name`` takes after a reading with ``attention`` (a memory's):
+    0 for 'lambda' (the memory unused), else the memory's rule (config.memory_question_top_k)."""
+    from .config import memory_question_top_k
+    from .evaluate import memory_settings_of
+
+    if name == "lambda":
+        return 0
+    settings = memory_settings_of(name)
+    if settings is None:
+        raise ValueError(f"configuration {name!r} does not ask after a memory's reading")
+    return memory_question_top_k(settings.blocks, attention.memory_block_size, settings.passages)
+
+
 @writes_one_file("out_path")
 def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequence[int], depths: Sequence[float],
                   trials: int, seed: int, out_path, *, n_batch: int = 512, threads: Optional[int] = None,
                   window: Optional[int] = None, sinks: Optional[int] = None, n_new: int = 10,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, share_reading: bool = True) -> dict:
     """Accuracy by configuration, length and depth; each trial is written to ``out_path`` as it finishes and a
-    rerun with the same settings skips the trials already there."""
+    rerun with the same settings skips the trials already there. With ``share_reading`` the configurations that
+    read a prompt alike (``shared_readings``) read it once and are asked in turn from a saved state: the reading
+    is nearly all of a trial's time at 16k tokens and more."""
     from .corpora import paul_graham_essays
     from .evaluate import memory_config_name, setup_for
     from .llama import Llama
@@ -235,27 +295,37 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
         bar = tqdm(total=total, desc=task, unit="trial",
                    initial=sum(1 for x in done if x[0] in configs and (x[1], x[2], x[3]) in prompts))
     try:
-        for name in configs:
-            todo = [(k, p) for k, p in prompts.items() if (name, k[0], k[1], k[2]) not in done]
+        for reader, names in (shared_readings(configs) if share_reading else [(c, [c]) for c in configs]):
+            todo = [(k, p, [n for n in names if (n, *k) not in done]) for k, p in prompts.items()]
+            todo = [t for t in todo if t[2]]
             if not todo:
                 continue
             longest = max(len(p.tokens) for p in prompts.values()) + n_new
-            st = setup_for(name, info, longest, n_batch, window=window, sinks=sinks)
+            st = setup_for(reader, info, longest, n_batch, window=window, sinks=sinks)
             llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                         n_threads=threads, verbose=False, **st.llama_kwargs())
             stream = Stream(llm, n_batch, st.context_shift)
             try:
-                for (L, d, k), p in todo:
+                for (L, d, k), p, pending in todo:
                     t0 = time.perf_counter()
-                    out = stream.greedy(p.tokens, n_new, p.question_start if st.top_k_question else None)
-                    text = llm.detokenize(out).decode("utf-8", errors="replace")
-                    got = first_number(text)
-                    results["trials"].append({"config": name, "length": L, "depth": d, "trial": k,
-                                              "tokens": len(p.tokens), "key": p.key, "answer": text.strip(),
-                                              "correct": got == p.key, "seconds": time.perf_counter() - t0})
+                    if len(names) == 1:
+                        answers = {reader: stream.greedy(p.tokens, n_new,
+                                                         p.question_start if st.top_k_question else None)}
+                    else:
+                        answers = stream.ask_each(p.tokens[:p.question_start], p.tokens[p.question_start:], n_new,
+                                                  {n: question_top_k(n, st.attention) for n in pending})
+                    seconds = time.perf_counter() - t0
+                    for name, out in answers.items():
+                        text = llm.detokenize(out).decode("utf-8", errors="replace")
+                        got = first_number(text)
+                        trial = {"config": name, "length": L, "depth": d, "trial": k, "tokens": len(p.tokens),
+                                 "key": p.key, "answer": text.strip(), "correct": got == p.key, "seconds": seconds}
+                        if name != reader or len(answers) > 1:
+                            trial["read_with"] = reader  # one reading, then the question asked len(answers) ways
+                        results["trials"].append(trial)
+                        if bar is not None:
+                            bar.update(1)
                     save()
-                    if bar is not None:
-                        bar.update(1)
             finally:
                 stream.close()
                 llm.close()
