@@ -69,6 +69,18 @@ def ask_greedily(llm, question, n_answer: int):
     return question_s, time.perf_counter() - t1
 
 
+def replace_run(path: Path, run: dict, key, sort: bool = False) -> None:
+    """Put ``run`` in the file's list of runs in place of the one with its key: read and written under the file's
+    lock, so that two cost runs ending together each keep the other's entry (each read the file when it ended,
+    not when it started)."""
+    from llama_extrapolate.jsonfile import one_writer, write_json_atomic
+
+    with one_writer(path):
+        runs = json.loads(path.read_text())["runs"] if path.exists() else []
+        runs = [r for r in runs if key(r) != key(run)] + [run]
+        write_json_atomic(path, {"runs": sorted(runs, key=key) if sort else runs}, indent=1)
+
+
 def run_retrieval(args) -> None:
     from llama_extrapolate import plots, tasks
     from llama_extrapolate.default_model import default_model_path
@@ -151,8 +163,7 @@ def run_cost(args) -> None:
         return (run["window"], run["tokens"], run.get("memory_blocks", 16), run.get("memory_candidates", 0),
                 run.get("passages", False))
 
-    runs = [r for r in runs if key(r) != key(out)] + [out]
-    path.write_text(json.dumps({"runs": sorted(runs, key=key)}, indent=1))
+    replace_run(path, out, key, sort=True)
     print(json.dumps({k: out[k] for k in ("read_speed_ratio", "peak_rss_ratio")}))
 
 
@@ -186,15 +197,12 @@ def run_step(args) -> None:
         out["configs"][name] = {"candidates": c, "question_s": question_s, "answer_step_ms": 1000 * step_s,
                                 "answer_tok_s": 1 / step_s}
         print(name, json.dumps(out["configs"][name]))
-    path = RESULTS / "memory_step.json"
-    runs = json.loads(path.read_text())["runs"] if path.exists() else []
 
     def key(run):
         return (run["build"], run["capacity"], run["window"], run["tokens"], run["memory_blocks"], run["threads"],
                 run.get("question_tokens", 14))
 
-    runs = [r for r in runs if key(r) != key(out)] + [out]
-    path.write_text(json.dumps({"runs": runs}, indent=1))
+    replace_run(RESULTS / "memory_step.json", out, key)
 
 
 def main(argv=None) -> int:

@@ -21,3 +21,22 @@ def test_cost_run_keeps_one_entry_per_setting(tmp_path, monkeypatch):
         mem = run["configs"][name]
         assert mem["memory"]["n_blocks"] >= (800 - 10 - 128) // 64 and mem["disk_bytes_per_token"] > 0
         assert run["read_speed_ratio"] > 0 and run["peak_rss_ratio"] > 0
+
+
+def test_a_cost_entry_is_put_in_the_file_as_it_is_when_the_run_ends(tmp_path):
+    """Two cost runs of other settings ending one after the other both stay: each reads the file under its lock
+    when it ends (they read it at their start before, and the later one dropped the earlier one's entry)."""
+    import pytest
+
+    from llama_extrapolate.jsonfile import one_writer
+
+    bench = load_bench("memory")
+    path = tmp_path / "memory_cost.json"
+    key = lambda r: (r["tokens"], r.get("passages", False))
+    bench.replace_run(path, {"tokens": 8, "x": 1}, key)
+    bench.replace_run(path, {"tokens": 8, "passages": True, "x": 2}, key)
+    bench.replace_run(path, {"tokens": 4, "x": 3}, key, sort=True)
+    bench.replace_run(path, {"tokens": 8, "x": 4}, key, sort=True)
+    assert [r["x"] for r in json.loads(path.read_text())["runs"]] == [3, 4, 2]
+    with one_writer(path), pytest.raises(RuntimeError, match="another run"):
+        bench.replace_run(path, {"tokens": 2, "x": 5}, key)

