@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         out_path.write_text(json.dumps(results, indent=1))
 
     llm = le.Llama(model, attention=AttentionConfig.vanilla(), n_ctx=n_tokens + 64, n_batch=512, n_ubatch=512,
-                   n_threads=args.threads, verbose=False)
+                   n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
     text = paul_graham_essays()
     tokens = np.asarray(llm.tokenize(text[: n_tokens * 6].encode("utf-8"), add_bos=True)[:n_tokens])
     if len(tokens) < n_tokens:
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
             if name in lam:
                 continue
             n_ctx = args.table1_length + 64 if cfg.window == 0 else L_tr + 10 + 512
-            lm = le.Llama(model, attention=cfg, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads,
+            lm = le.Llama(model, attention=cfg, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads, n_threads_batch=args.threads,
                           verbose=False)
             erf = name == "Lambda+ceiling, tau=1"  # its attention mass by distance: the receptive-field issue
             with (stats.collecting(lm) if erf else contextlib.nullcontext()):

@@ -135,7 +135,7 @@ def run_cost(args) -> None:
         st = setup_for(name, info, len(tokens) + len(question) + 16, args.n_batch, window=args.window)
         peak_rss_reset()
         llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
-                       n_threads=args.threads, verbose=False, **st.llama_kwargs())
+                       n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **st.llama_kwargs())
         try:
             t0 = time.perf_counter()
             step = 8 * args.n_batch
@@ -186,7 +186,7 @@ def run_step(args) -> None:
         name = memory_config_name(f"lambda+memory:m={m}:c={c}")
         st = setup_for(name, info, len(tokens) + len(question) + ANSWER_TOKENS, args.n_batch, window=args.window)
         llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
-                       n_threads=args.threads, verbose=False, memory_capacity=args.capacity)
+                       n_threads=args.threads, n_threads_batch=args.threads, verbose=False, memory_capacity=args.capacity)
         try:
             llm.eval(tokens)
             llm.set_top_k_active(True)

@@ -34,7 +34,7 @@ def top_logprobs(attention, n_ctx: int, n_top: int, threads: int) -> dict:
     from llama_extrapolate.default_model import default_model_path
 
     llm = Llama(str(default_model_path()), attention=attention, n_ctx=n_ctx, n_batch=512, n_ubatch=512,
-                n_threads=threads, verbose=False)
+                n_threads=threads, n_threads_batch=threads, verbose=False)
     try:
         prompt = llm.tokenize(paul_graham_essays()[:26_000].encode(), add_bos=True) + llm.tokenize(QUESTION,
                                                                                                   add_bos=False)

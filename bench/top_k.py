@@ -112,7 +112,7 @@ def run_passkey(args, results: dict) -> None:
     n_ctx = max(len(p.tokens) for *_, p in todo) + 64
     cfg = AttentionConfig(sinks=10, window=WINDOW, ceiling=WINDOW, rollback=0, top_k=5, top_k_scope="question")
     llm = llama_extrapolate.Llama(str(model), attention=cfg, n_ctx=n_ctx, n_batch=512, n_ubatch=512,
-                                  n_threads=args.threads, verbose=False)
+                                  n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
     stream = Stream(llm, 512, None)
     from tqdm import tqdm
 
@@ -187,7 +187,7 @@ def run_cost(args, results: dict) -> None:
         bounded = cfg.top_k == 0
         n_ctx = (10 + WINDOW + 512) if bounded else n + 600
         llm = llama_extrapolate.Llama(str(model), attention=cfg, n_ctx=n_ctx, n_batch=512, n_ubatch=512,
-                                      n_threads=args.threads, verbose=False)
+                                      n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
         stream = Stream(llm, 512, None)
         marks = {}
         try:

@@ -247,3 +247,27 @@ def test_a_shared_reading_records_what_it_read_with(tmp_path, tiny_wide):
     answers = lambda r: {(t["config"], t["depth"]): t["answer"] for t in r["trials"] if t["config"] != "lambda"}
     assert answers(res) == answers(alone)
     assert json.loads(out.read_text())["trials"] == res["trials"]
+
+
+def test_the_threads_given_are_the_readings_threads_too(tmp_path, tiny_llama, monkeypatch):
+    """--threads N is N for the batch (the reading) as well: llama-cpp-python's batch default is every core, so a
+    benchmark told one thread read on all of them."""
+    import llama_cpp
+
+    from llama_extrapolate import evaluate, tasks
+    from llama_extrapolate.llama import Llama
+
+    _, path = tiny_llama
+    seen = []
+    init = Llama.__init__
+
+    def spy(self, *a, **kw):
+        init(self, *a, **kw)
+        seen.append((llama_cpp.llama_n_threads(self.ctx), llama_cpp.llama_n_threads_batch(self.ctx)))
+
+    monkeypatch.setattr(Llama, "__init__", spy)
+    tasks.run_retrieval(str(path), "passkey", ["lambda"], [200], [0.0], 1, 0, tmp_path / "pk.json", n_batch=32,
+                        threads=1, window=32, sinks=4, n_new=2, progress=False)
+    evaluate.compare_nll(str(path), list(range(3, 103)), ["lambda"], tmp_path / "nll.json", bucket=50, n_batch=32,
+                         threads=1, window=32, sinks=4, progress=False)
+    assert seen == [(1, 1), (1, 1)]

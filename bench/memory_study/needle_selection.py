@@ -113,7 +113,7 @@ def main(argv=None) -> int:
                                                               att.memory_block_size)[1]} - set(blocks))
                 layers = range(att.top_k_layer, info.block_count)
                 llm = Llama(model, attention=att, n_ctx=setup.n_ctx, n_batch=512, n_ubatch=512,
-                            n_threads=args.threads, verbose=False, **setup.llama_kwargs())
+                            n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **setup.llama_kwargs())
                 stream = tasks.Stream(llm, 512, None)
                 try:
                     t0 = time.perf_counter()

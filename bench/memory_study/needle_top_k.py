@@ -65,7 +65,7 @@ def ask(model, info, prompt, depth, m, args, out) -> None:
     """Read the prompt's document once with m blocks per KV head, then ask its question with each top_k."""
     setup = setup_for(f"{MEMORY_CONFIG}:m={m}", info, len(prompt.tokens) + 16, 512, window=args.window)
     llm = Llama(model, attention=setup.attention, n_ctx=setup.n_ctx, n_batch=512, n_ubatch=512,
-                n_threads=args.threads, verbose=False, **setup.llama_kwargs())
+                n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **setup.llama_kwargs())
     stream = tasks.Stream(llm, 512, None)
     try:
         t0 = time.perf_counter()

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
                               + (f":c={args.memory_candidates}" if args.memory_candidates is not None else ""))
     st = setup_for(name, info, len(tokens) + len(question) + args.answer_tokens + 16, 512, window=args.window)
     peak_rss_reset()
-    llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads,
+    llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads, n_threads_batch=args.threads,
                    verbose=False, **st.llama_kwargs())
     try:
         phases = {"loaded": status()}

@@ -427,7 +427,7 @@ def calibrate_model(model: str, text: str, text_name: str, out, *, training_leng
     from pathlib import Path
 
     from .config import AttentionConfig
-    from .llama import Llama
+    from .llama import Llama, thread_counts
     from .model_info import read_model_info
     from .profile import CalibrationProfile, file_sha256
 
@@ -447,7 +447,7 @@ def calibrate_model(model: str, text: str, text_name: str, out, *, training_leng
     out = Path(out)
     n_max = max(lengths)
     llm = Llama(model, attention=AttentionConfig.vanilla(), n_ctx=n_max + 64, n_batch=n_batch, n_ubatch=n_batch,
-                n_threads=threads, verbose=False)
+                verbose=False, **thread_counts(threads))
     try:
         tokens = llm.tokenize(text[: 16 * n_max].encode("utf-8"), add_bos=True)
         if len(tokens) < n_max:

@@ -248,7 +248,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from . import reader, resources
-    from .llama import Llama
+    from .llama import Llama, thread_counts
     from .model_info import read_model_info
 
     model = _model_path(args)
@@ -287,8 +287,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet:
         for note in notes:
             print(f"[{note}]", file=sys.stderr)
-    llm = Llama(model, attention=attention, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=args.threads,
-                verbose=False, **memory)
+    llm = Llama(model, attention=attention, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                verbose=False, **thread_counts(args.threads), **memory)
     try:
         t0 = time.perf_counter()
         n_out = 0

@@ -355,7 +355,7 @@ def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_pat
     import hashlib
     from pathlib import Path
 
-    from .llama import Llama
+    from .llama import Llama, thread_counts
     from .model_info import read_model_info
 
     tokens = np.asarray(tokens, dtype=np.int32)
@@ -381,7 +381,7 @@ def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_pat
         results["configs"][st.name] = entry
         peak_rss_reset()
         llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                    n_threads=threads, verbose=False)
+                    verbose=False, **thread_counts(threads))
         t0 = time.perf_counter()
         last = [0.0]
 

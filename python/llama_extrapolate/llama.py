@@ -32,6 +32,13 @@ UNBOUNDED_CONTEXT = 2**31 - 1
 DEFAULT_MEMORY_CAPACITY = 131072
 
 
+
+def thread_counts(threads: Optional[int]) -> dict:
+    """llama_cpp.Llama's thread arguments for a run given ``threads`` CPU threads: the decode's and the batch's.
+    llama-cpp-python's batch default is every core whatever n_threads says, so a reading told one thread took
+    all of them (and two runs side by side each busy-waited on the other's cores); None keeps its defaults."""
+    return {} if threads is None else {"n_threads": int(threads), "n_threads_batch": int(threads)}
+
 @dataclass(frozen=True)
 class PromptReport:
     """What the last generation did with its prompt: ``read`` tokens were decoded, ``reused`` came from the

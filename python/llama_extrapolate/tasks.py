@@ -245,7 +245,7 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
     is nearly all of a trial's time at 16k tokens and more."""
     from .corpora import paul_graham_essays
     from .evaluate import memory_config_name, setup_for
-    from .llama import Llama
+    from .llama import Llama, thread_counts
     from .model_info import read_model_info
 
     if task not in TASKS:
@@ -303,7 +303,7 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
             longest = max(len(p.tokens) for p in prompts.values()) + n_new
             st = setup_for(reader, info, longest, n_batch, window=window, sinks=sinks)
             llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                        n_threads=threads, verbose=False, **st.llama_kwargs())
+                        verbose=False, **thread_counts(threads), **st.llama_kwargs())
             stream = Stream(llm, n_batch, st.context_shift)
             try:
                 for (L, d, k), p, pending in todo:

@@ -404,7 +404,7 @@ def measure_erf_configs(model: str, tokens: Sequence[int], names: Sequence[str],
     """The ERF of ``model`` under each named configuration (vanilla, lambda), each read with the cache and the
     window the evaluations use for a stream of this length (``evaluate.setup_for``)."""
     from .evaluate import setup_for
-    from .llama import Llama
+    from .llama import Llama, thread_counts
     from .model_info import read_model_info
 
     bad = [n for n in names if n not in ERF_CONFIGS]
@@ -415,7 +415,7 @@ def measure_erf_configs(model: str, tokens: Sequence[int], names: Sequence[str],
     for name in names:
         st = setup_for(name, info, len(tokens), n_batch, window=window, sinks=sinks)
         llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                    n_threads=threads, verbose=False)
+                    verbose=False, **thread_counts(threads))
         try:
             out[name] = {"setup": st.describe(), **measure_erf(llm, tokens, eps, n_batch, desc=f"erf {name}")}
         finally:
