@@ -1,0 +1,171 @@
+"""The document memory at the user's model size: a shape model's reading, store, RAM and answer latency.
+
+A shape model (bench/kv_shapes.py: Llama-2-7B's, Llama-3-8B's or a 70B's layers, KV heads and head dimension,
+small projections) reads the essays' first N tokens with the bounded Λ cache, then with the document memory;
+after each reading it is asked a 14-token question and, after that question's answer, a 128-token one. Measured:
+
+- reading speed (tokens/s), disk bytes per token of the store, the memory's RAM (block summaries), the KV cache's
+  bytes, the peak RSS of the process;
+- time to the first answer token after each question and the time of each answer token;
+- bytes the answer steps read: ``rchar`` of /proc/self/io (what the process asked of the kernel: the store's
+  preads, page cache or not) and ``read_bytes`` (what reached the disk).
+
+The laptop case is a store larger than the page cache can keep: before each question the store's pages are
+dropped from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)`` on the store file), so the question's and
+the first answer steps' reads go to the disk as they would there. Each (shape, tokens, configuration) is an entry
+of ``bench/results/scale.json``; a run replaces its own entry.
+
+    python bench/scale.py --shape llama-2-7b --tokens 32768 [--configs lambda,memory] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+MODELS = HERE / "results" / "cache"  # written shape models (ignored by git)
+ANSWER_TOKENS = 16
+SHORT_QUESTION = "\nWhat is the first sentence of the text above?"  # 14 tokens with the default vocabulary
+LONG_QUESTION_TOKENS = 128
+
+
+def proc_io() -> dict:
+    with open("/proc/self/io") as f:
+        return {k: int(v) for k, v in (line.split(": ") for line in f)}
+
+
+def drop_page_cache(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def shape_model(shape: str) -> str:
+    sys.path.insert(0, str(HERE))
+    import kv_shapes
+
+    path = MODELS / f"{shape}-kv.gguf"
+    if not path.exists():
+        from llama_extrapolate.default_model import default_model_path
+        kv_shapes.write(shape, path, str(default_model_path()))
+    return str(path)
+
+
+def ask(llm, question, store: str | None) -> dict:
+    """The question, then ANSWER_TOKENS greedy answer tokens, each timed, with the store's reads counted."""
+    from llama_extrapolate import native
+
+    if store:
+        drop_page_cache(store)
+    io0 = proc_io()
+    t0 = time.perf_counter()
+    llm.eval(question)
+    first = native.greedy_next(llm)
+    question_s = time.perf_counter() - t0
+    io1 = proc_io()
+    steps, tok = [], first
+    for _ in range(ANSWER_TOKENS):
+        t = time.perf_counter()
+        llm.eval([tok])
+        tok = native.greedy_next(llm)
+        steps.append(time.perf_counter() - t)
+    io2 = proc_io()
+    return {"question_tokens": len(question), "first_token_s": question_s,
+            "question_rchar": io1["rchar"] - io0["rchar"], "question_read_bytes": io1["read_bytes"] - io0["read_bytes"],
+            "answer_step_s": steps, "answer_step_mean_s": sum(steps) / len(steps),
+            "answer_rchar_per_token": (io2["rchar"] - io1["rchar"]) / ANSWER_TOKENS,
+            "answer_read_bytes_per_token": (io2["read_bytes"] - io1["read_bytes"]) / ANSWER_TOKENS}
+
+
+def run(args) -> None:
+    import llama_extrapolate as le
+    from llama_extrapolate import native
+    from llama_extrapolate.corpora import paul_graham_essays
+    from llama_extrapolate.evaluate import memory_config_name, setup_for
+    from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
+    from tqdm import tqdm
+
+    sys.path.insert(0, str(HERE))
+    from kv_shapes import SHAPES
+    from memory import replace_run
+
+    model = shape_model(args.shape)
+    shape = SHAPES[args.shape]
+    info = le.read_model_info(model)
+    vocab = native.load_tokenizer(model)
+    tokens = vocab.tokenize(paul_graham_essays().encode("utf-8"), add_bos=True)
+    if len(tokens) < args.tokens + LONG_QUESTION_TOKENS:
+        raise SystemExit(f"--tokens {args.tokens}: the essays have only {len(tokens)} tokens")
+    short_q = vocab.tokenize(SHORT_QUESTION.encode("utf-8"), add_bos=False)
+    vocab.close()
+    text, long_q = tokens[:args.tokens], tokens[args.tokens:args.tokens + LONG_QUESTION_TOKENS]
+    path = Path(args.out)
+    for config in args.configs.split(","):
+        name = "lambda" if config == "lambda" else memory_config_name("lambda+memory" + config[len("memory"):])
+        n_total = len(text) + len(short_q) + len(long_q) + 2 * (ANSWER_TOKENS + 1)
+        st = setup_for(name, info, n_total, args.n_batch, window=args.window)
+        kwargs = st.llama_kwargs()
+        store = None
+        if st.attention.memory_blocks:
+            store = os.path.join(args.store_dir, f"scale-{args.shape}-{os.getpid()}.kvstore")
+            kwargs["memory_path"] = store
+        peak_rss_reset()
+        llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
+                       n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **kwargs)
+        try:
+            t0 = time.perf_counter()
+            chunk = 8 * args.n_batch
+            for i in tqdm(range(0, len(text), chunk), desc=f"{args.shape} {name} reading", unit="chunk"):
+                llm.eval(text[i:i + chunk])
+            read_s = time.perf_counter() - t0
+            if st.top_k_question:
+                llm.set_top_k_active(True)
+            entry = {"shape": args.shape, "tokens": len(text), "window": args.window, "threads": args.threads,
+                     "config": name, "read_s": read_s, "read_tok_s": len(text) / read_s, "n_ctx": st.n_ctx,
+                     "kv_cache_bytes": st.n_ctx * shape.n_layer * shape.kv_values_per_layer() * 2 * 2}
+            entry["short_question"] = ask(llm, short_q, store)
+            entry["long_question"] = ask(llm, long_q, store)
+            if st.attention.memory_blocks:
+                mi = llm.memory_info()
+                entry.update(memory=mi, disk_bytes_per_token=mi["bytes_on_disk"] / len(text),
+                             summaries_bytes=mi["bytes_in_ram"])
+            entry["peak_rss_bytes"] = peak_rss_bytes()
+            entry["model_bytes"] = Path(model).stat().st_size
+        finally:
+            llm.close()
+            if store and os.path.exists(store):
+                os.unlink(store)
+        entry["machine"] = {"cpu": platform.processor() or platform.machine(), "threads": args.threads}
+        print(json.dumps({k: v for k, v in entry.items() if k not in ("memory",)}, default=str)[:2000])
+        replace_run(path, entry, lambda r: (r["shape"], r["tokens"], r["window"], r["threads"], r["config"]),
+                    sort=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="llama-2-7b", help="a shape of bench/kv_shapes.py")
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--configs", default="lambda,memory",
+                    help="lambda, memory (the library's default m and c), memory:m=N:c=C[:passages]")
+    ap.add_argument("--window", type=int, default=1024)
+    ap.add_argument("--n-batch", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(RESULTS / "scale.json"), help="the results file (entries replaced by key)")
+    ap.add_argument("--store-dir", default=tempfile.gettempdir(), help="where the store file is written")
+    run(ap.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

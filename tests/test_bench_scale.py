@@ -1,0 +1,69 @@
+"""bench/kv_shapes.py writes a model with a big model's KV shapes that llama.cpp reads as such; bench/scale.py's
+bookkeeping on a short reading of it."""
+
+import json
+
+import pytest
+
+from conftest import load_bench
+
+
+@pytest.fixture(scope="module")
+def shape_model(tmp_path_factory):
+    shapes = load_bench("kv_shapes")
+    from llama_extrapolate.default_model import default_model_path
+
+    path = tmp_path_factory.mktemp("shapes") / "llama-3-8b-kv.gguf"
+    return shapes.write("llama-3-8b", path, str(default_model_path())), shapes.SHAPES["llama-3-8b"]
+
+
+def test_the_shape_model_has_the_big_models_kv_shapes_and_the_default_vocabulary(shape_model):
+    import llama_extrapolate as le
+    from llama_extrapolate import native
+    from llama_extrapolate.default_model import default_model_path
+
+    path, shape = shape_model
+    info = le.read_model_info(str(path))
+    assert (info.block_count, info.head_count, info.head_count_kv, info.rope_dimension_count) == (32, 32, 8, 128)
+    assert info.embedding_length == load_bench("kv_shapes").N_EMBD  # small projections: the weights cost little
+    text = b"The document memory at the user's model size."
+    ours, theirs = native.load_tokenizer(str(path)), native.load_tokenizer(str(default_model_path()))
+    try:
+        assert ours.tokenize(text, add_bos=True) == theirs.tokenize(text, add_bos=True)
+    finally:
+        ours.close()
+        theirs.close()
+    llm = le.Llama(str(path), n_ctx=256, verbose=False)
+    try:
+        tokens = llm.tokenize(text)
+        llm.eval(tokens)
+        # llama.cpp keeps 128 values per KV head (attention.key_length), not embedding_length / head_count = 8:
+        # the state holds each token's K and V in F16 for 32 layers x 8 KV heads x 128
+        per_token = 2 * 2 * shape.n_layer * shape.n_head_kv * shape.head_dim
+        assert llm.save_state().llama_state_size >= len(tokens) * per_token
+    finally:
+        llm.close()
+
+
+def test_unknown_shape_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown shape 'llama-9b': use one of"):
+        load_bench("kv_shapes").write("llama-9b", tmp_path / "x.gguf", "unused")
+
+
+def test_scale_run_records_reading_questions_and_reads(shape_model, tmp_path, monkeypatch):
+    bench = load_bench("scale")
+    path, _ = shape_model
+    monkeypatch.setattr(bench, "shape_model", lambda shape: str(path))
+    out = tmp_path / "scale.json"
+    common = ["--shape", "llama-3-8b", "--tokens", "300", "--window", "64", "--n-batch", "64", "--threads", "1",
+              "--out", str(out)]
+    for _ in range(2):  # the second run replaces the first's entry
+        assert bench.main(common + ["--configs", "lambda"]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert len(runs) == 1
+    run = runs[0]
+    assert (run["shape"], run["tokens"], run["config"]) == ("llama-3-8b", 300, "lambda")
+    assert run["read_tok_s"] > 0 and run["peak_rss_bytes"] > run["kv_cache_bytes"] > 0
+    for q, n in (("short_question", None), ("long_question", bench.LONG_QUESTION_TOKENS)):
+        assert len(run[q]["answer_step_s"]) == bench.ANSWER_TOKENS and run[q]["first_token_s"] > 0
+        assert n is None or run[q]["question_tokens"] == n
