@@ -4,7 +4,7 @@ A shape model (bench/kv_shapes.py: Llama-2-7B's, Llama-3-8B's or a 70B's layers,
 small projections) reads the essays' first N tokens with the bounded Λ cache, then with the document memory;
 after each reading it is asked a 14-token question and, after that question's answer, a 128-token one. Measured:
 
-- reading speed (tokens/s), disk bytes per token of the store, the memory's RAM (block summaries), the KV cache's
+- reading speed (tokens/s), disk bytes per token of the store, the memory's RAM (block summaries, and the kept region of a hold), the KV cache's
   bytes, the peak RSS of the process;
 - time to the first answer token after each question and the time of each answer token;
 - bytes the answer steps read: ``rchar`` of /proc/self/io (what the process asked of the kernel: the store's
@@ -35,6 +35,7 @@ MODELS = HERE / "results" / "cache"  # written shape models (ignored by git)
 ANSWER_TOKENS = 16
 SHORT_QUESTION = "\nWhat is the first sentence of the text above?"  # 14 tokens with the default vocabulary
 LONG_QUESTION_TOKENS = 128
+HOLD_SUFFIX = ":hold"  # a configuration whose answer holds the blocks its question selected
 
 
 def proc_io() -> dict:
@@ -62,17 +63,22 @@ def shape_model(shape: str) -> str:
     return str(path)
 
 
-def ask(llm, question, store: str | None) -> dict:
-    """The question, then ANSWER_TOKENS greedy answer tokens, each timed, with the store's reads counted."""
+def ask(llm, question, store: str | None, hold: bool = False) -> dict:
+    """The question, then ANSWER_TOKENS greedy answer tokens, each timed, with the store's reads counted. ``hold``:
+    the question keeps the blocks it selects and the answer attends to them (Llama.memory_hold)."""
     from llama_extrapolate import native
 
     if store:
         drop_page_cache(store)
     io0 = proc_io()
     t0 = time.perf_counter()
+    if hold:
+        llm.memory_hold("keep")
     llm.eval(question)
     first = native.greedy_next(llm)
     question_s = time.perf_counter() - t0
+    if hold:
+        llm.memory_hold("hold")
     io1 = proc_io()
     steps, tok = [], first
     for _ in range(ANSWER_TOKENS):
@@ -81,6 +87,8 @@ def ask(llm, question, store: str | None) -> dict:
         tok = native.greedy_next(llm)
         steps.append(time.perf_counter() - t)
     io2 = proc_io()
+    if hold:
+        llm.memory_hold("select")
     return {"question_tokens": len(question), "first_token_s": question_s,
             "question_rchar": io1["rchar"] - io0["rchar"], "question_read_bytes": io1["read_bytes"] - io0["read_bytes"],
             "answer_step_s": steps, "answer_step_mean_s": sum(steps) / len(steps),
@@ -112,6 +120,8 @@ def run(args) -> None:
     text, long_q = tokens[:args.tokens], tokens[args.tokens:args.tokens + LONG_QUESTION_TOKENS]
     path = Path(args.out)
     for config in args.configs.split(","):
+        hold = config.endswith(HOLD_SUFFIX)
+        config = config[:-len(HOLD_SUFFIX)] if hold else config
         name = "lambda" if config == "lambda" else memory_config_name("lambda+memory" + config[len("memory"):])
         n_total = len(text) + len(short_q) + len(long_q) + 2 * (ANSWER_TOKENS + 1)
         st = setup_for(name, info, n_total, args.n_batch, window=args.window)
@@ -120,6 +130,12 @@ def run(args) -> None:
         if st.attention.memory_blocks:
             store = os.path.join(args.store_dir, f"scale-{args.shape}-{os.getpid()}.kvstore")
             kwargs["memory_path"] = store
+            if args.capacity:
+                # the bound scores every block the memory can hold: a short reading costs a step what it costs
+                # at the capacity's length (the reading's own time and bytes stay those of the short one)
+                if args.capacity < n_total:
+                    raise SystemExit(f"--capacity {args.capacity} is below the {n_total} tokens read and asked")
+                kwargs["memory_capacity"] = args.capacity
         peak_rss_reset()
         llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                        n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **kwargs)
@@ -132,14 +148,14 @@ def run(args) -> None:
             if st.top_k_question:
                 llm.set_top_k_active(True)
             entry = {"shape": args.shape, "tokens": len(text), "window": args.window, "threads": args.threads,
-                     "config": name, "read_s": read_s, "read_tok_s": len(text) / read_s, "n_ctx": st.n_ctx,
+                     "config": name + (HOLD_SUFFIX if hold else ""), "capacity": args.capacity or None, "read_s": read_s, "read_tok_s": len(text) / read_s, "n_ctx": st.n_ctx,
                      "kv_cache_bytes": st.n_ctx * shape.n_layer * shape.kv_values_per_layer() * 2 * 2}
-            entry["short_question"] = ask(llm, short_q, store)
-            entry["long_question"] = ask(llm, long_q, store)
+            entry["short_question"] = ask(llm, short_q, store, hold)
+            entry["long_question"] = ask(llm, long_q, store, hold)
             if st.attention.memory_blocks:
                 mi = llm.memory_info()
                 entry.update(memory=mi, disk_bytes_per_token=mi["bytes_on_disk"] / len(text),
-                             summaries_bytes=mi["bytes_in_ram"])
+                             memory_ram_bytes=mi["bytes_in_ram"])
             entry["peak_rss_bytes"] = peak_rss_bytes()
             entry["model_bytes"] = Path(model).stat().st_size
         finally:
@@ -148,8 +164,8 @@ def run(args) -> None:
                 os.unlink(store)
         entry["machine"] = {"cpu": platform.processor() or platform.machine(), "threads": args.threads}
         print(json.dumps({k: v for k, v in entry.items() if k not in ("memory",)}, default=str)[:2000])
-        replace_run(path, entry, lambda r: (r["shape"], r["tokens"], r["window"], r["threads"], r["config"]),
-                    sort=True)
+        replace_run(path, entry, lambda r: (r["shape"], r["tokens"], r["window"], r["threads"], r["config"],
+                                            r.get("capacity") or 0), sort=True)
 
 
 def main(argv=None) -> int:
@@ -157,7 +173,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="llama-2-7b", help="a shape of bench/kv_shapes.py")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--configs", default="lambda,memory",
-                    help="lambda, memory (the library's default m and c), memory:m=N:c=C[:passages]")
+                    help="lambda, memory (the library's default m and c), memory:m=N:c=C[:passages]; a memory "
+                         "configuration ending in :hold answers from the blocks its question kept")
+    ap.add_argument("--capacity", type=int, default=0,
+                    help="tokens the memory is opened for (default: what is read): the step cost at that length")
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--n-batch", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)

@@ -189,6 +189,14 @@ void memory_open(std::uintptr_t ctx_address, const std::string & path, const std
     }
 }
 
+void memory_set_hold(std::uintptr_t ctx_address, int mode) {
+    char err[1024] = {0};
+    const int32_t rc = llama_ext_memory_set_hold(mutable_context_from_address(ctx_address), mode, err, sizeof(err));
+    if (rc != 0) {
+        throw py::value_error(std::string("document memory: ") + err);
+    }
+}
+
 py::dict memory_info(std::uintptr_t ctx_address) {
     llama_ext_memory_info info{};
     check_status(llama_ext_memory_get_info(context_from_address(ctx_address), &info), "llama_ext_memory_get_info");
@@ -420,6 +428,8 @@ PYBIND11_MODULE(_core, m) {
     m.def("memory_open", &memory_open, py::arg("ctx_address"), py::arg("path"), py::arg("dir"), py::arg("keep"),
           py::arg("type"), py::arg("capacity"), "open the document memory's store before the first decode");
     m.def("memory_info", &memory_info, py::arg("ctx_address"), "tokens, blocks and bytes of the document memory");
+    m.def("memory_set_hold", &memory_set_hold, py::arg("ctx_address"), py::arg("mode"),
+          "what the next decodes do with their blocks: 0 select, 1 select and keep them in RAM, 2 hold the kept ones");
     m.def("memory_selection", &memory_selection, py::arg("ctx_address"), py::arg("layer"),
           "[n_kv, m] blocks each KV head of the layer selected in the last decode");
     m.def("memory_read_block", &memory_read_block, py::arg("ctx_address"), py::arg("block"), py::arg("layer"),

@@ -747,3 +747,84 @@ def test_a_memory_state_into_another_memory_is_refused_with_the_reason(tiny):
             assert "state" in str(e.value).lower()
         finally:
             b.close()
+
+
+def answer_steps(llm, tokens, question_end, mode):
+    """The question tokens[QUESTION:question_end] in one ubatch with the selection kept, then each answer token its
+    own decode with the memory in ``mode`` ("hold": the kept blocks; "select": each step its own)."""
+    llm.reset()
+    llm.eval(tokens[:QUESTION])
+    llm.set_top_k_active(True)
+    llm.memory_hold("keep")
+    llm.eval(tokens[QUESTION:question_end])
+    llm.memory_hold(mode)
+    steps = []
+    for i in range(question_end, N_TOKENS):
+        llm.eval(tokens[i:i + 1])
+        steps.append({il: llm.memory_selection(il) for il in range(H0, llm.model_info.block_count)})
+    return np.asarray(llm.scores[:N_TOKENS], dtype=np.float64), steps
+
+
+def test_an_answer_holds_the_blocks_its_question_selected(tiny):
+    """The question selects with "keep", the answer decodes with "hold": each answer token attends to the blocks the
+    question read (kept in RAM, no selection, no read of the store), exactly the oracle given the question's
+    selection at every answer step; selecting anew at each step chooses other blocks and other logits."""
+    model, path, tokens = tiny
+    q_end = QUESTION + 20
+    held = make_llm(path, memory_config())
+    try:
+        got, steps = answer_steps(held, tokens, q_end, "hold")
+        kept = {il: steps[0][il] for il in range(H0, model.n_layer)}
+        info = held.memory_info()
+    finally:
+        held.close()
+    for step in steps:  # a hold selects nothing: the selection stays the question's
+        for il in kept:
+            np.testing.assert_array_equal(step[il], kept[il])
+    assert all((s >= 0).all() for s in kept.values())
+    # the kept region is in RAM beside the summaries: K and V of m*B cells per KV head and stored layer, F32 here
+    n_stored = model.n_layer - H0
+    assert info["bytes_in_ram"] >= 2 * n_stored * model.n_head_kv * M * B * model.head_dim * 4
+
+    selecting = make_llm(path, memory_config())
+    try:
+        reselected, sel_steps = answer_steps(selecting, tokens, q_end, "select")
+    finally:
+        selecting.close()
+    moved = [i for i, s in enumerate(sel_steps) if any((s[il] != kept[il]).any() for il in kept)]
+    assert moved, "the answer's own selections must differ from the question's somewhere, or a hold is not tested"
+    assert np.abs(got[q_end:] - reselected[q_end:]).max() > 1e-3
+
+    starts = [QUESTION] + list(range(q_end, N_TOKENS))
+    margin = TopKMargin()
+    ref = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0, top_k_distance=D,
+                                              top_k_from=QUESTION, memory_block=B,
+                                              memory_blocks={il: {p: kept[il] for p in starts} for il in kept}),
+                  margin=margin)
+    assert margin.gap > 1e-4
+    err = np.abs(got - ref).max()
+    assert err < TOL, f"max |llama.cpp (hold) - oracle given the question's blocks| = {err}"
+
+
+def test_hold_modes_are_checked(tiny):
+    """A hold before any kept selection, an unknown mode and a model without the memory are refused, named."""
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny
+    llm = make_llm(path, memory_config())
+    try:
+        llm.eval(tokens[:QUESTION])
+        with pytest.raises(ValueError, match="no region to hold: decode with KEEP first"):
+            llm.memory_hold("hold")
+        with pytest.raises(ValueError, match="memory hold mode 'freeze': use one of select, keep, hold"):
+            llm.memory_hold("freeze")
+        llm.memory_hold("keep")
+        llm.memory_hold("select")
+    finally:
+        llm.close()
+    plain = tiny_llm(path, AttentionConfig(sinks=S, window=W))
+    try:
+        with pytest.raises(ValueError, match="no document memory is open"):
+            plain.memory_hold("keep")
+    finally:
+        plain.close()

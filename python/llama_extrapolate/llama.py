@@ -201,6 +201,14 @@ class Llama(llama_cpp.Llama):
             raise ValueError("memory_info: this model was loaded without the document memory (memory_blocks=0)")
         return native.memory_info(self._attention_context("memory_info"))
 
+    def memory_hold(self, mode: str) -> None:
+        """What the next decodes do with the blocks the memory selects: "select" (each decode selects and reads its
+        own, the default), "keep" (the same, and the last selection stays in RAM: m*B keys and values per KV head of
+        every stored layer), "hold" (attend to the kept blocks: no selection, no read of the store). A question read
+        with "keep" and its answer decoded with "hold" pay the selection once: each answer token then costs what
+        the attention over the kept blocks costs, whatever the document's length."""
+        native.memory_set_hold(self._attention_context("memory_hold"), mode)
+
     def memory_selection(self, layer: int) -> np.ndarray:
         """[n_kv, m] blocks each KV head of ``layer`` selected in the last decode."""
         ctx = self._attention_context("memory_selection")

@@ -168,6 +168,18 @@ def memory_open(ctx: int, path: Optional[str], directory: Optional[str], keep: b
     _core.memory_open(ctx, path or "", directory or "", bool(keep), int(type_id), int(capacity))
 
 
+MEMORY_HOLD_MODES = {"select": 0, "keep": 1, "hold": 2}
+
+
+def memory_set_hold(ctx: int, mode: str) -> None:
+    """"select": each decode selects its blocks; "keep": and the last selection's keys and values stay in RAM;
+    "hold": the decodes attend to the kept blocks without selecting or reading the store (the library's reason for
+    a refusal, e.g. a hold before any keep, is the ValueError)."""
+    if mode not in MEMORY_HOLD_MODES:
+        raise ValueError(f"memory hold mode {mode!r}: use one of {', '.join(MEMORY_HOLD_MODES)}")
+    _core.memory_set_hold(ctx, MEMORY_HOLD_MODES[mode])
+
+
 def memory_info(ctx: int) -> Dict[str, int]:
     return {k: int(v) for k, v in _core.memory_info(ctx).items()}
 
