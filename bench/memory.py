@@ -55,6 +55,17 @@ def essay_stream(n_tokens: int):
     return model, info, tokens, question
 
 
+def read_timed(llm, tokens, n_batch: int, desc: str) -> float:
+    """Read ``tokens`` in chunks of 8 batches under a progress bar; the seconds the reading took."""
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    step = 8 * n_batch
+    for i in tqdm(range(0, len(tokens), step), desc=desc, unit="chunk"):
+        llm.eval(tokens[i:i + step])
+    return time.perf_counter() - t0
+
+
 def ask_greedily(llm, question, n_answer: int):
     """Decode the question, then n_answer greedy answer tokens, each its own decode step (each step selects and
     reads its blocks anew, which is what the memory's answer costs). Returns (question seconds, answer seconds)."""
@@ -106,7 +117,6 @@ def run_cost(args) -> None:
     from llama_extrapolate.evaluate import (MEMORY_CONFIG, MEMORY_PASSAGES_SUFFIX, memory_config_name,
                                             memory_settings_of, setup_for)
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
-    from tqdm import tqdm
 
     model, info, tokens, question = essay_stream(args.tokens)
     if args.memory_candidates is not None and not args.memory_blocks:
@@ -137,11 +147,7 @@ def run_cost(args) -> None:
         llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                        n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **st.llama_kwargs())
         try:
-            t0 = time.perf_counter()
-            step = 8 * args.n_batch
-            for i in tqdm(range(0, len(tokens), step), desc=f"{name} reading", unit="chunk"):
-                llm.eval(tokens[i:i + step])
-            read_s = time.perf_counter() - t0
+            read_s = read_timed(llm, tokens, args.n_batch, f"{name} reading")
             if st.top_k_question:
                 llm.set_top_k_active(True)
             to_answer, answer_s = ask_greedily(llm, question, ANSWER_TOKENS)

@@ -102,11 +102,10 @@ def run(args) -> None:
     from llama_extrapolate.corpora import paul_graham_essays
     from llama_extrapolate.evaluate import memory_config_name, setup_for
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
-    from tqdm import tqdm
 
     sys.path.insert(0, str(HERE))
     from kv_shapes import SHAPES
-    from memory import replace_run
+    from memory import read_timed, replace_run
 
     model = shape_model(args.shape)
     shape = SHAPES[args.shape]
@@ -140,15 +139,12 @@ def run(args) -> None:
         llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                        n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **kwargs)
         try:
-            t0 = time.perf_counter()
-            chunk = 8 * args.n_batch
-            for i in tqdm(range(0, len(text), chunk), desc=f"{args.shape} {name} reading", unit="chunk"):
-                llm.eval(text[i:i + chunk])
-            read_s = time.perf_counter() - t0
+            read_s = read_timed(llm, text, args.n_batch, f"{args.shape} {name} reading")
             if st.top_k_question:
                 llm.set_top_k_active(True)
             entry = {"shape": args.shape, "tokens": len(text), "window": args.window, "threads": args.threads,
-                     "config": name + (HOLD_SUFFIX if hold else ""), "capacity": args.capacity or None, "read_s": read_s, "read_tok_s": len(text) / read_s, "n_ctx": st.n_ctx,
+                     "config": name + (HOLD_SUFFIX if hold else ""), "capacity": args.capacity or None,
+                     "read_s": read_s, "read_tok_s": len(text) / read_s, "n_ctx": st.n_ctx,
                      "kv_cache_bytes": st.n_ctx * shape.n_layer * shape.kv_values_per_layer() * 2 * 2}
             entry["short_question"] = ask(llm, short_q, store, hold)
             entry["long_question"] = ask(llm, long_q, store, hold)
