@@ -33,7 +33,7 @@ from typing import List, Optional
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tools"))
 from tables import range_mean  # noqa: E402  (one definition: the README tables use it too)
 RESULTS = HERE / "results"
 NLL = RESULTS / "nll_essays.json"

@@ -1,7 +1,7 @@
-"""The tables of README.md and docs/results.md are the ones bench/tables.py prints from bench/results/*.json.
+"""The tables of README.md and docs/results.md are the ones tools/tables.py prints from bench/results/*.json.
 
-Each table in the documents sits under a marker ``<!-- bench/tables.py NAME -->``; the table that follows
-must be exactly what ``python bench/tables.py NAME`` prints, every table tables.py knows must appear, and
+Each table in the documents sits under a marker ``<!-- tools/tables.py NAME -->``; the table that follows
+must be exactly what ``python tools/tables.py NAME`` prints, every table tables.py knows must appear, and
 no markdown table may stand without a marker (except the README's status table, which holds no figures).
 JSON only: no library, no model (``pytest --noconftest tests/test_bench_tables.py`` runs it without the package).
 """
@@ -18,14 +18,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = (ROOT / "README.md", ROOT / "docs" / "results.md")
-SCRIPT = ROOT / "bench" / "tables.py"
+SCRIPT = ROOT / "tools" / "tables.py"
 # tables of words, no figures: the status table and the model compatibility table (tests/test_families.py)
 UNMARKED_OK = ("| capability |", "| family (llama.cpp arch) |")
-MARK = re.compile(r"^<!-- bench/tables\.py (\S+) -->$")
+MARK = re.compile(r"^<!-- tools/tables\.py (\S+) -->$")
 
 
 def _tables():
-    spec = importlib.util.spec_from_file_location("bench_tables", SCRIPT)
+    spec = importlib.util.spec_from_file_location("doc_tables", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -63,11 +63,11 @@ def mismatches(results: Path = tables.RESULTS):
     for doc, name, text in all_doc_tables():
         if name is None:
             if not text.startswith(UNMARKED_OK):
-                bad.append(f"{doc}: a table without a bench/tables.py marker: {text.splitlines()[0]}")
+                bad.append(f"{doc}: a table without a tools/tables.py marker: {text.splitlines()[0]}")
         elif name not in tables.TABLES:
             bad.append(f"{doc}: marker names an unknown table {name!r}")
         elif text != tables.render(name, results):
-            bad.append(f"{doc}: table {name!r} differs from `python bench/tables.py {name}`")
+            bad.append(f"{doc}: table {name!r} differs from `python tools/tables.py {name}`")
     return bad
 
 
@@ -82,7 +82,7 @@ def test_script_runs_on_the_committed_json():
 def test_every_table_is_in_the_docs(name):
     printed = tables.render(name)
     where = [doc for doc, n, text in all_doc_tables() if n == name and text == printed]
-    assert where, f"`python bench/tables.py {name}` prints a table that neither README.md nor docs/results.md holds"
+    assert where, f"`python tools/tables.py {name}` prints a table that neither README.md nor docs/results.md holds"
 
 
 def test_every_doc_table_comes_from_tables_py():

@@ -1,12 +1,13 @@
-"""Every table of README.md and docs/results.md, printed from the committed JSON in bench/results/.
+"""Every table of README.md and docs/results.md, printed from the committed JSON: bench/results/ (the
+benchmarks), studies/memory/ (the document-memory study's runs) and checks/ (upstream test suites on the patched tree).
 
-The documents paste these tables verbatim, each under a comment naming it (``<!-- bench/tables.py NAME -->``),
+The documents paste these tables verbatim, each under a comment naming it (``<!-- tools/tables.py NAME -->``),
 and tests/test_bench_tables.py checks that they still match, so the docs cannot drift from the data.
 Reads JSON only (json + numpy): no llama.cpp, no model; runs in well under a second.
 
-    python bench/tables.py all              # every table, each under its marker
-    python bench/tables.py nll passkey      # areas or single tables (see --list)
-    python bench/tables.py --list
+    python tools/tables.py all              # every table, each under its marker
+    python tools/tables.py nll passkey      # areas or single tables (see --list)
+    python tools/tables.py --list
 
 The helpers the bench scripts share with these tables live here (``range_mean`` for ``bench/long_eval.py``,
 ``rate_before`` for ``bench/pytorch_route.py``), since this module needs nothing but json and numpy; the
@@ -23,8 +24,10 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
-ROOT = RESULTS.parent.parent
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"  # what bench/*.py measure
+STUDY = ROOT / "studies" / "memory"  # the document-memory study's runs (JSON lines)
+CHECKS = ROOT / "checks"  # build and upstream-test outcomes of the patched tree
 MIB = 2 ** 20
 DASH = "—"
 
@@ -398,7 +401,7 @@ def table_pytorch(r: Path) -> str:
 
 def table_upstream(r: Path) -> str:
     """The pass list of both trees; the test count is the JSON's (it counts the build of `test-chat` as one)."""
-    d = load("upstream_tests.json", r)
+    d = load("upstream_tests.json", CHECKS)
     rows = []
     for tree in ("patched", "unpatched"):
         t = d[tree]
@@ -459,9 +462,9 @@ def table_memory_needle_multi_qwen(r: Path) -> str:
 
 
 def table_memory_needle_blocks(r: Path) -> str:
-    """The needle asked from the same reading with m blocks per KV head (bench/memory_study/needle_top_k.py, one
+    """The needle asked from the same reading with m blocks per KV head (studies/memory/needle_top_k.py, one
     JSON line per answer): needles found per depth over the trials, and in all."""
-    rows_in = [json.loads(line) for line in (r / "memory_needle_blocks.jsonl").read_text().splitlines() if line]
+    rows_in = [json.loads(line) for line in (STUDY / "memory_needle_blocks.jsonl").read_text().splitlines() if line]
     depths = sorted({x["depth"] for x in rows_in})
     rows = []
     models = list(dict.fromkeys(x["model"] for x in rows_in))  # in the order they were run
@@ -477,10 +480,10 @@ def table_memory_needle_blocks(r: Path) -> str:
 
 
 def table_memory_needle_selection(r: Path) -> str:
-    """Whether the question selects the needle's block (bench/memory_study/needle_selection.py, one JSON line per
+    """Whether the question selects the needle's block (studies/memory/needle_selection.py, one JSON line per
     prompt, m and c): the (layer, KV head) pairs holding it after the question and over the answer's steps; c the
     candidates the exact q.k reranks (0: the bound selects; lines from before patch 0026 have none)."""
-    rows_in = [json.loads(line) for line in (r / "memory_needle_selection.jsonl").read_text().splitlines() if line]
+    rows_in = [json.loads(line) for line in (STUDY / "memory_needle_selection.jsonl").read_text().splitlines() if line]
     rows = []
     for x in sorted(rows_in, key=lambda x: (x["length"], x["depth"], x["trial"], x["m"], x.get("candidates", 0))):
         steps = x["selected_per_step"]
@@ -495,11 +498,11 @@ def table_memory_needle_selection(r: Path) -> str:
 
 
 def table_memory_rss_phases(r: Path) -> str:
-    """What the memory's peak RSS is made of (bench/memory_study/rss_phases.py, one JSON line per run): the peak
+    """What the memory's peak RSS is made of (studies/memory/rss_phases.py, one JSON line per run): the peak
     (VmHWM) after the reading, after the question and after the answer, and the resident memory after the question
     (anonymous + file-backed); "store_read" says how the graph read the store (runs that record none mapped it)."""
     rows = []
-    for line in (r / "memory_rss_phases.jsonl").read_text().splitlines():
+    for line in (STUDY / "memory_rss_phases.jsonl").read_text().splitlines():
         if not line:
             continue
         x = json.loads(line)
@@ -609,7 +612,7 @@ AREAS: Dict[str, List[str]] = {
 
 def marker(name: str) -> str:
     """The comment that precedes the table in the documents."""
-    return f"<!-- bench/tables.py {name} -->"
+    return f"<!-- tools/tables.py {name} -->"
 
 
 def render(name: str, results: Path = RESULTS) -> str:
@@ -641,9 +644,9 @@ def update_doc(doc: Path, results: Path, names=None) -> None:
     out, i = [], 0
     while i < len(lines):
         out.append(lines[i])
-        name = lines[i].removeprefix("<!-- bench/tables.py ").removesuffix(" -->")
+        name = lines[i].removeprefix("<!-- tools/tables.py ").removesuffix(" -->")
         i += 1
-        if lines[i - 1].startswith("<!-- bench/tables.py ") and name in TABLES and (names is None or name in names):
+        if lines[i - 1].startswith("<!-- tools/tables.py ") and name in TABLES and (names is None or name in names):
             while i < len(lines) and lines[i].startswith("|"):
                 i += 1
             out.extend(render(name, results).split("\n"))
