@@ -1,4 +1,4 @@
-"""Issue 5's long benchmarks on the default model, through the same commands a user runs.
+"""The long NLL and passkey benchmarks on the default model, through the same commands a user runs.
 
 ``nll``: ``llama-extrapolate nll`` over the first --tokens (65536) tokens of Paul Graham's essays for every
 configuration: Lambda + ceiling, vanilla, llama.cpp's context shift, window only, Lambda without ceiling,
@@ -120,7 +120,7 @@ def passkey_table(results: dict) -> str:
 
 
 def missing(nll: dict, passkey: dict, tokens: int, profile: Path) -> List[str]:
-    """What the issue asks for that the results do not hold yet."""
+    """The configurations and lengths the benchmark covers that the results do not hold yet."""
     out = []
     for name in nll_configs(None, profile):
         e = nll.get("configs", {}).get(name)
@@ -155,7 +155,7 @@ def run_table(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("mode", choices=["nll", "passkey", "profile", "table"])
-    p.add_argument("--configs", help="comma-separated (default: the issue's list for the mode)")
+    p.add_argument("--configs", help="comma-separated (default: every configuration of the mode)")
     p.add_argument("--lengths", help="passkey: input lengths; profile: extrapolation lengths")
     p.add_argument("--tokens", type=int, default=65536, help="nll: tokens to score")
     p.add_argument("--trials", type=int, default=1)

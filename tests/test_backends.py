@@ -1,4 +1,4 @@
-"""The patched attention on a GPU backend (issue 25): ggml's Vulkan backend, run here on Mesa's lavapipe.
+"""The patched attention on a GPU backend: ggml's Vulkan backend, run here on Mesa's lavapipe.
 
 Each knob reads a tiny model with every layer offloaded (n_gpu_layers=-1) and with none (and no op offloaded),
 each in a process of its own (ggml picks its Vulkan devices when the library loads); the layers must really be on

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA compile check (issue 25): compiles the patched llama.cpp with ggml's CUDA backend, through the project's
+# The CUDA compile check: compiles the patched llama.cpp with ggml's CUDA backend, through the project's
 # own CMakeLists.txt (so patches/ are applied), with the CUDA compiler, headers and libraries that NVIDIA ships on
 # PyPI, for one GPU architecture. No GPU, no driver and no system CUDA are needed: a CUDA installed on the machine
 # (/usr/local/cuda, an nvcc on PATH) is ignored. It proves that the patched tree builds with -DGGML_CUDA=on, nothing
