@@ -13,7 +13,7 @@ essays, written to ``bench/results/smollm2.profile.json`` for the profile baseli
 
 Every command writes its JSON as it goes and resumes when rerun, so each mode can be run in pieces
 (a configuration or a length at a time: --configs, --lengths) and finished later; ``table`` prints what
-is there as markdown for the README and says what is missing.
+is there as markdown and says what is missing.
 
     python bench/long_eval.py nll [--configs lambda,vanilla,...] [--tokens 65536]
     python bench/long_eval.py passkey [--lengths 4096,8192] [--configs vanilla,lambda,context-shift]
@@ -34,7 +34,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tools"))
-from tables import range_mean  # noqa: E402  (one definition: the README tables use it too)
+from tables import range_mean  # noqa: E402  (one definition: tools/tables.py prints the documents' tables with it too)
 RESULTS = HERE / "results"
 NLL = RESULTS / "nll_essays.json"
 PASSKEY = RESULTS / "passkey.json"

@@ -33,7 +33,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tools"))
-from tables import rate_before  # noqa: E402  (one definition: the README tables use it too)
+from tables import rate_before  # noqa: E402  (one definition: tools/tables.py prints the documents' tables with it too)
 RESULTS = HERE / "results" / "pytorch_route.json"
 SINKS, WINDOW, BLOCK, MARKS = 10, 8192, 2048, (16384, 32768)
 
