@@ -109,3 +109,15 @@ def test_the_readme_status_table_is_generated():
 
 def test_the_readme_is_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_a_changed_status_figure_is_caught(tmp_path):
+    """README's status table is checked like the others: a second question's time changed in a copy of the JSON."""
+    results = tmp_path / "results"
+    shutil.copytree(tables.RESULTS, results, ignore=shutil.ignore_patterns("*.png"))
+    path = results / "server_ttft.json"
+    data = json.loads(path.read_text())
+    data["questions"][-1]["first_token_s"] += 1.0
+    path.write_text(json.dumps(data))
+    bad = mismatches(results)
+    assert any("README.md" in b and "'status'" in b for b in bad), bad
