@@ -765,7 +765,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("names", nargs="*", default=["all"], help="tables or areas (default: all)")
     p.add_argument("--list", action="store_true", help="list the areas and tables")
-    p.add_argument("--results", default=str(RESULTS), help="directory of the JSON (default: bench/results)")
+    p.add_argument("--results", default=str(RESULTS), help="directory of the benchmarks' JSON (default: bench/results); the memory study's runs are read "
+                        "from studies/memory and llama.cpp's test outcomes from checks")
     p.add_argument("--update", action="store_true",
                    help="rewrite the marked tables of README.md and docs/ in place (after new results): those named, "
                         "or all")
