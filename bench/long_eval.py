@@ -1,4 +1,4 @@
-"""Issue 5's long benchmarks on the default model, through the same commands a user runs.
+"""The long NLL and passkey benchmarks on the default model, through the same commands a user runs.
 
 ``nll``: ``llama-extrapolate nll`` over the first --tokens (65536) tokens of Paul Graham's essays for every
 configuration: Lambda + ceiling, vanilla, llama.cpp's context shift, window only, Lambda without ceiling,
@@ -13,7 +13,7 @@ essays, written to ``bench/results/smollm2.profile.json`` for the profile baseli
 
 Every command writes its JSON as it goes and resumes when rerun, so each mode can be run in pieces
 (a configuration or a length at a time: --configs, --lengths) and finished later; ``table`` prints what
-is there as markdown for the README and says what is missing.
+is there as markdown and says what is missing.
 
     python bench/long_eval.py nll [--configs lambda,vanilla,...] [--tokens 65536]
     python bench/long_eval.py passkey [--lengths 4096,8192] [--configs vanilla,lambda,context-shift]
@@ -33,8 +33,8 @@ from typing import List, Optional
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from tables import range_mean  # noqa: E402  (one definition: the README tables use it too)
+sys.path.insert(0, str(HERE.parent / "tools"))
+from tables import range_mean  # noqa: E402  (one definition: tools/tables.py prints the documents' tables with it too)
 RESULTS = HERE / "results"
 NLL = RESULTS / "nll_essays.json"
 PASSKEY = RESULTS / "passkey.json"
@@ -120,7 +120,7 @@ def passkey_table(results: dict) -> str:
 
 
 def missing(nll: dict, passkey: dict, tokens: int, profile: Path) -> List[str]:
-    """What the issue asks for that the results do not hold yet."""
+    """The configurations and lengths the benchmark covers that the results do not hold yet."""
     out = []
     for name in nll_configs(None, profile):
         e = nll.get("configs", {}).get(name)
@@ -155,7 +155,7 @@ def run_table(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("mode", choices=["nll", "passkey", "profile", "table"])
-    p.add_argument("--configs", help="comma-separated (default: the issue's list for the mode)")
+    p.add_argument("--configs", help="comma-separated (default: every configuration of the mode)")
     p.add_argument("--lengths", help="passkey: input lengths; profile: extrapolation lengths")
     p.add_argument("--tokens", type=int, default=65536, help="nll: tokens to score")
     p.add_argument("--trials", type=int, default=1)

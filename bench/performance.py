@@ -1,4 +1,5 @@
-"""Speed and memory of reading long streams on the default model (issue 8's targets).
+"""Speed and memory of reading long streams on the default model: prefill flat in length, decode
+after a long stream close to decode after a short one, peak RSS bounded.
 
   stream     One stream of --tokens tokens of Paul Graham's essays read the way `run` reads a document
              (llama_extrapolate.Llama.eval, n_batch tokens at a time, logits of the last token only).
@@ -618,7 +619,7 @@ CURRENT_STREAMS = ("stream_lambda", "stream_vanilla")
 
 
 def summarize(data: dict) -> dict:
-    """The issue's targets from the recorded streams: each ratio within one stream, or two streams of one run."""
+    """The speed and memory ratios from the recorded streams: each ratio within one stream, or two streams of one run."""
     out = {}
     lam, van = (data.get(k) for k in CURRENT_STREAMS)
     if lam:

@@ -1,4 +1,5 @@
-"""The PyTorch route a user would otherwise take, against llama-extrapolate (issue 8, target 6).
+"""The PyTorch route a user would otherwise take, against llama-extrapolate: how much faster
+the library reads the same tokens with the same attention.
 
 Hugging Face transformers loads the same GGUF file (dequantized to float32, as transformers does) and
 reads the same essay tokens with LM-Infinite's Lambda attention written here in PyTorch: S = 10 sinks,
@@ -31,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from tables import rate_before  # noqa: E402  (one definition: the README tables use it too)
+sys.path.insert(0, str(HERE.parent / "tools"))
+from tables import rate_before  # noqa: E402  (one definition: tools/tables.py prints the documents' tables with it too)
 RESULTS = HERE / "results" / "pytorch_route.json"
 SINKS, WINDOW, BLOCK, MARKS = 10, 8192, 2048, (16384, 32768)
 

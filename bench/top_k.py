@@ -253,7 +253,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 def table(results: dict) -> str:
-    """Markdown tables of the results (for the README)."""
+    """Markdown tables of the results (quick look; the documents' tables come from tools/tables.py)."""
     out = []
     acc = results.get("passkey", {}).get("accuracy", {})
     if acc:

@@ -1,4 +1,4 @@
-"""The patched attention on a GPU backend (issue 25): ggml's Vulkan backend, run here on Mesa's lavapipe.
+"""The patched attention on a GPU backend: ggml's Vulkan backend, run here on Mesa's lavapipe.
 
 Each knob reads a tiny model with every layer offloaded (n_gpu_layers=-1) and with none (and no op offloaded),
 each in a process of its own (ggml picks its Vulkan devices when the library loads); the layers must really be on
@@ -13,7 +13,7 @@ through ggml's scheduler, with copies; that is a cost, not a different result.
 The same tests run on the first device of whatever GPU backend the library was built with (CUDA, Metal, ...:
 ``CMAKE_ARGS="-DGGML_CUDA=on" pip install ".[test]"``, then ``pytest tests/test_backends.py``); only Vulkan on
 lavapipe has been run. Skipped with the reason where the library has no GPU backend (a CPU build: the Vulkan one is
-``CMAKE_ARGS="-DGGML_VULKAN=on" pip install .``, README) or no device is visible.
+``CMAKE_ARGS="-DGGML_VULKAN=on" pip install .``, docs/gpu.md) or no device is visible.
 """
 
 import json
@@ -54,7 +54,7 @@ def gpu():
     others = [b for b in _core.backends() if b not in ("CPU", "BLAS", "RPC")]
     if not others:
         pytest.skip(f"the library was built with the backends {_core.backends()}, no GPU backend: "
-                    "CMAKE_ARGS=\"-DGGML_VULKAN=on\" pip install . builds the Vulkan one (README, GPU backends)")
+                    "CMAKE_ARGS=\"-DGGML_VULKAN=on\" pip install . builds the Vulkan one (docs/gpu.md)")
     probe = subprocess.run([sys.executable, "-c", "import json, llama_extrapolate; "
                             "print(json.dumps(llama_extrapolate._core.backend_devices()))"],
                            env=vulkan_env(), capture_output=True, text=True, timeout=300)

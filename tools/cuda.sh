@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The CUDA compile check (issue 25): compiles the patched llama.cpp with ggml's CUDA backend, through the project's
+# The CUDA compile check: compiles the patched llama.cpp with ggml's CUDA backend, through the project's
 # own CMakeLists.txt (so patches/ are applied), with the CUDA compiler, headers and libraries that NVIDIA ships on
 # PyPI, for one GPU architecture. No GPU, no driver and no system CUDA are needed: a CUDA installed on the machine
 # (/usr/local/cuda, an nvcc on PATH) is ignored. It proves that the patched tree builds with -DGGML_CUDA=on, nothing
 # more: no kernel runs here. Too slow for CI (hours on two cores); run by hand and commit the result,
-# bench/results/cuda_compile.json (with the end of the build's output in bench/results/cuda_compile.log).
+# checks/cuda_compile.json (with the end of the build's output in checks/cuda_compile.log).
 #
 # Its own venv (.venv-cuda) and build directory (build/cuda); the CPU build's are left as they are.
 #   - CUDA 13 (pip's nvidia-*-cu12 wheels carry no nvcc, only ptxas), every toolkit wheel at one release, 13.2.86,
@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 arch="${CUDA_ARCH:-86-real}"
 cuda_version="13.2.86"
 cublas_version="13.4.1.3"
-result="bench/results/cuda_compile.json"
+result="checks/cuda_compile.json"
 build_dir="build/cuda"
 log="$build_dir/build.log"
 
@@ -72,7 +72,7 @@ outcome=failure
 if [ "$build_rc" -eq 0 ] && [ -f "$pkg_lib/libggml-cuda.so" ] && [ -f "$pkg_lib/libllama.so" ]; then
     outcome=success
 fi
-tail -n 50 "$log" > bench/results/cuda_compile.log
+tail -n 50 "$log" > checks/cuda_compile.log
 
 # The import without a GPU, needing the package's dependencies (llama_cpp): installed without CMAKE_ARGS.
 load_as_installed="not tried (the build failed)"

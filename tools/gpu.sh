@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a machine with a GPU (issue 25): the backend tests and the reading speed, in one command, for a package built
+# On a machine with a GPU: the backend tests and the reading speed, in one command, for a package built
 # with a GPU backend (e.g. CMAKE_ARGS="-DGGML_CUDA=on" pip install ".[test]"). The backend tests read tiny models
 # with every layer on the first GPU device and compare each knob with the CPU backend and the numpy oracle
 # (tests/test_backends.py: they skip, saying why, where no GPU backend was built); then the default model reads a

@@ -9,7 +9,7 @@ reference for "the same pass list as the unpatched tree".
     python tools/upstream.py build llama-perplexity            # prints the path of each binary
     python tools/upstream.py build llama-server                # `llama-extrapolate serve --llama_server` runs it
     python tools/upstream.py build --unpatched test-backend-ops
-    python tools/upstream.py tests -o bench/results/upstream_tests.json   # both trees, pass lists compared
+    python tools/upstream.py tests -o checks/upstream_tests.json   # both trees, pass lists compared
 """
 
 from __future__ import annotations
@@ -184,13 +184,13 @@ def main(argv: List[str] = None) -> int:
     b.add_argument("--jobs", "-j", type=int, default=0)
     t = sub.add_parser("tests", help="llama.cpp's offline tests on the patched and unpatched trees")
     t.add_argument("--jobs", "-j", type=int, default=0)
-    t.add_argument("--output", "-o", default=str(ROOT / "bench" / "results" / "upstream_tests.json"))
+    t.add_argument("--output", "-o", default=str(ROOT / "checks" / "upstream_tests.json"))
     t.add_argument("--tree", choices=["both", "patched", "unpatched"], default="both",
                    help="one tree only: writes its results to --output (combine them with `compare`)")
     c = sub.add_parser("compare", help="compare two one-tree result files")
     c.add_argument("patched")
     c.add_argument("unpatched")
-    c.add_argument("--output", "-o", default=str(ROOT / "bench" / "results" / "upstream_tests.json"))
+    c.add_argument("--output", "-o", default=str(ROOT / "checks" / "upstream_tests.json"))
     args = ap.parse_args(argv)
     if args.cmd == "build":
         for name, p in build(args.targets, args.unpatched, args.jobs).items():

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Vulkan build and its tests (README, "GPU backends"), as a user without a GPU runs them: Mesa's lavapipe is
+# The Vulkan build and its tests (docs/gpu.md), as a user without a GPU runs them: Mesa's lavapipe is
 # the Vulkan device. Installs the build's system packages where it can (Debian/Ubuntu, as root or with sudo),
 # builds the package with ggml's Vulkan backend in its own venv and build directory (the CPU build's are left as
 # they are), and runs the backend tests on the first Vulkan device.

@@ -2,9 +2,9 @@
 
 An essay stream is read with the memory (question scope), then a question and greedy answer tokens are decoded;
 after the reading, the question and every answer token /proc/self/status gives RssAnon, RssFile and the peak
-(VmHWM). One JSON object per run, appended to bench/results/memory_rss_phases.jsonl.
+(VmHWM). One JSON object per run, appended to studies/memory/memory_rss_phases.jsonl.
 
-    python bench/memory_study/rss_phases.py --tokens 65536 --window 8192 --memory-blocks 64
+    python studies/memory/rss_phases.py --tokens 65536 --window 8192 --memory-blocks 64
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from llama_extrapolate import native
 from llama_extrapolate.evaluate import memory_config_name, setup_for
 from llama_extrapolate.resources import peak_rss_reset
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
-sys.path.insert(0, str(RESULTS.parent))
+RESULTS = Path(__file__).resolve().parent  # the study's runs sit beside its scripts
+sys.path.insert(0, str(RESULTS.parent.parent / "bench"))
 from memory import essay_stream  # noqa: E402  (bench/memory.py: the cost runs' stream and question)
 MIB = 1 << 20
 

@@ -1,12 +1,13 @@
-"""Every table of README.md and docs/results.md, printed from the committed JSON in bench/results/.
+"""Every table of README.md and docs/results.md, printed from the committed JSON: bench/results/ (the
+benchmarks), studies/memory/ (the document-memory study's runs) and checks/ (upstream test suites on the patched tree).
 
-The documents paste these tables verbatim, each under a comment naming it (``<!-- bench/tables.py NAME -->``),
+The documents paste these tables verbatim, each under a comment naming it (``<!-- tools/tables.py NAME -->``),
 and tests/test_bench_tables.py checks that they still match, so the docs cannot drift from the data.
 Reads JSON only (json + numpy): no llama.cpp, no model; runs in well under a second.
 
-    python bench/tables.py all              # every table, each under its marker
-    python bench/tables.py nll passkey      # areas or single tables (see --list)
-    python bench/tables.py --list
+    python tools/tables.py all              # every table, each under its marker
+    python tools/tables.py nll passkey      # areas or single tables (see --list)
+    python tools/tables.py --list
 
 The helpers the bench scripts share with these tables live here (``range_mean`` for ``bench/long_eval.py``,
 ``rate_before`` for ``bench/pytorch_route.py``), since this module needs nothing but json and numpy; the
@@ -23,8 +24,10 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
-ROOT = RESULTS.parent.parent
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"  # what bench/*.py measure
+STUDY = ROOT / "studies" / "memory"  # the document-memory study's runs (JSON lines)
+CHECKS = ROOT / "checks"  # build and upstream-test outcomes of the patched tree
 MIB = 2 ** 20
 DASH = "—"
 
@@ -398,7 +401,7 @@ def table_pytorch(r: Path) -> str:
 
 def table_upstream(r: Path) -> str:
     """The pass list of both trees; the test count is the JSON's (it counts the build of `test-chat` as one)."""
-    d = load("upstream_tests.json", r)
+    d = load("upstream_tests.json", CHECKS)
     rows = []
     for tree in ("patched", "unpatched"):
         t = d[tree]
@@ -459,9 +462,9 @@ def table_memory_needle_multi_qwen(r: Path) -> str:
 
 
 def table_memory_needle_blocks(r: Path) -> str:
-    """The needle asked from the same reading with m blocks per KV head (bench/memory_study/needle_top_k.py, one
+    """The needle asked from the same reading with m blocks per KV head (studies/memory/needle_top_k.py, one
     JSON line per answer): needles found per depth over the trials, and in all."""
-    rows_in = [json.loads(line) for line in (r / "memory_needle_blocks.jsonl").read_text().splitlines() if line]
+    rows_in = [json.loads(line) for line in (STUDY / "memory_needle_blocks.jsonl").read_text().splitlines() if line]
     depths = sorted({x["depth"] for x in rows_in})
     rows = []
     models = list(dict.fromkeys(x["model"] for x in rows_in))  # in the order they were run
@@ -477,10 +480,10 @@ def table_memory_needle_blocks(r: Path) -> str:
 
 
 def table_memory_needle_selection(r: Path) -> str:
-    """Whether the question selects the needle's block (bench/memory_study/needle_selection.py, one JSON line per
+    """Whether the question selects the needle's block (studies/memory/needle_selection.py, one JSON line per
     prompt, m and c): the (layer, KV head) pairs holding it after the question and over the answer's steps; c the
     candidates the exact q.k reranks (0: the bound selects; lines from before patch 0026 have none)."""
-    rows_in = [json.loads(line) for line in (r / "memory_needle_selection.jsonl").read_text().splitlines() if line]
+    rows_in = [json.loads(line) for line in (STUDY / "memory_needle_selection.jsonl").read_text().splitlines() if line]
     rows = []
     for x in sorted(rows_in, key=lambda x: (x["length"], x["depth"], x["trial"], x["m"], x.get("candidates", 0))):
         steps = x["selected_per_step"]
@@ -495,11 +498,11 @@ def table_memory_needle_selection(r: Path) -> str:
 
 
 def table_memory_rss_phases(r: Path) -> str:
-    """What the memory's peak RSS is made of (bench/memory_study/rss_phases.py, one JSON line per run): the peak
+    """What the memory's peak RSS is made of (studies/memory/rss_phases.py, one JSON line per run): the peak
     (VmHWM) after the reading, after the question and after the answer, and the resident memory after the question
     (anonymous + file-backed); "store_read" says how the graph read the store (runs that record none mapped it)."""
     rows = []
-    for line in (r / "memory_rss_phases.jsonl").read_text().splitlines():
+    for line in (STUDY / "memory_rss_phases.jsonl").read_text().splitlines():
         if not line:
             continue
         x = json.loads(line)
@@ -561,6 +564,109 @@ def table_server_ttft(r: Path) -> str:
     return md(["question", "prompt tokens", "read", "reused", "first token", "whole answer"], rows)
 
 
+# --- README's status table ----------------------------------------------------------------------------------------
+
+RESULTS_MD = "docs/results.md"
+
+
+def _found(trials: List[dict], config: str, length: int) -> str:
+    hits = [bool(t["correct"]) for t in trials if t["config"] == config and t["length"] == length]
+    return f"{sum(hits)}/{len(hits)}" if hits else DASH
+
+
+def _nll_range(d: dict, config: str, lo: int, hi: int) -> float:
+    return range_mean(d["configs"][config]["buckets"], lo, hi)
+
+
+def table_status(r: Path) -> str:
+    """README's status table: one line a capability; every figure computed here from the JSON and linked to the
+    section of docs/results.md that holds its table (a figure measured with other settings than today's defaults
+    says so)."""
+    def link(text: str, anchor: str) -> str:
+        return f"[{text}]({RESULTS_MD}#{anchor})"
+
+    qwen = load("memory_needle_qwen2.5-coder-0.5b.json", r)["trials"]
+    needle = load("memory_needle.json", r)["trials"]
+    passkey = load("memory_passkey.json", r)["trials"]
+    default = "lambda+memory:m=64:c=1024"
+    memory = ("Qwen2.5-Coder-0.5B finds the needle "
+              + link(f"{_found(qwen, default, 131072)} at 128k", "document-memory")
+              + f", {_found(qwen, default, 65536)} at 64k; SmolLM2 "
+              + link(f"{_found(needle, default, 32768)} at 32k", "document-memory")
+              + ", pass keys " + link(f"{_found(passkey, 'lambda+memory:m=16', 131072)} at 128k", "document-memory")
+              + " (16 blocks, bound only)")
+
+    cost = load("memory_cost.json", r)["runs"]
+    run = [x for x in cost if x["tokens"] == 131072 and x["window"] == 8192 and default in x["configs"]][-1]
+    e = run["configs"][default]
+    memory_cost = ("at 128k: peak RSS " + link(f"{run['peak_rss_ratio']:.2f}×", "document-memory")
+                   + f" the bounded stream, first answer token {e['question_s']:.1f} s, "
+                   f"{e['answer_tok_s']:.1f} tokens/s, {e['disk_bytes_per_token'] / 1000:.1f} KB/token on disk")
+
+    nll = load("nll_essays.json", r)
+    lo, hi = _nll_range(nll, "lambda", 4096, 8192), _nll_range(nll, "lambda", 32768, 65536)
+    stable = ("SmolLM2 (trained to 8k): NLL " + link(f"{lo:.3f} at 4k–8k, {hi:.3f} at 32k–64k",
+                                                      "nll-to-64k-tokens")
+              + f" (full attention {_nll_range(nll, 'vanilla', 32768, 65536):.3f})")
+
+    perf = load("performance.json", r)
+    lam = sorted(perf["stream_lambda"]["marks"], key=lambda m: m["tokens"])
+    van = {m["tokens"]: m for m in perf["stream_vanilla"]["marks"]}
+    prefill = [m["prefill_tok_s"] for m in lam]
+    torch = load("pytorch_route.json", r)["summary"]
+    ratios = sorted([torch["tok_s_ratio_16384"], torch["tok_s_ratio_32768"]])
+    speed = ("prefill " + link(f"{min(prefill):.0f}–{max(prefill):.0f} tok/s", "speed-and-memory")
+             + f" from {k(lam[0]['tokens'])} to {k(lam[-1]['tokens'])}, decode after {k(lam[-1]['tokens'])} "
+             f"{lam[-1]['paired_decode']['median_ratio']:.2f}× after 8k; "
+             f"{lam[2]['prefill_tok_s'] / van[lam[2]['tokens']]['prefill_tok_s']:.1f}× full attention at "
+             f"{k(lam[2]['tokens'])}; " + link(f"{ratios[0]:.2f}–{ratios[1]:.2f}×", "pytorch-route")
+             + " a PyTorch implementation")
+
+    soak = sorted(perf["soak"]["marks"], key=lambda m: m["tokens"])
+    bounded = (f"KV cache of S + W + rollback + n_ubatch cells; peak RSS after {soak[-1]['tokens']:,} tokens "
+               + link(f"{soak[-1]['peak_rss_bytes'] / soak[1]['peak_rss_bytes']:.4f}×", "speed-and-memory")
+               + f" the peak after {k(soak[1]['tokens'])}")
+
+    off = perf["knobs_off_1thread"]["summary"]
+    knobs_off = ("logits bit-identical to llama-cpp-python's library; prefill "
+                 + link(f"{off['patched_over_upstream_prefill']['median']:.3f}×", "speed-and-memory")
+                 + f", decode {off['patched_over_upstream_decode']['median']:.3f}× its speed (1 thread, median)")
+
+    ttft = load("server_ttft.json", r)
+    second = [q for q in ttft["questions"] if q["question"] != 1][-1]
+    blocks = ttft["memory"].split("(")[-1].split(" of ")[0]
+    server = ("llama-cpp-python's server on the patched library; a second question on a "
+              f"{second['tokens']:,}-token document: first token in "
+              + link(f"{second['first_token_s']:.2f} s", "server") + f" (measured with {blocks})")
+
+    up = load("upstream_tests.json", CHECKS)
+    upstream = ("same pass list as unpatched: " + link(f"{up['passed_patched']}/{up['tests']}", "llamacpps-own-tests")
+                + " on both trees" if up["same_pass_list"] else "pass lists differ: see "
+                + link("the list", "llamacpps-own-tests"))
+
+    rows = [
+        ["Questions about any part of a long document (document memory, on by default)", memory],
+        ["Memory cost of the document memory (defaults, W = 8192)", memory_cost],
+        ["Stable NLL past the training length (Λ mask + distance ceiling)", stable],
+        ["Bounded memory", bounded],
+        ["Speed (SmolLM2-135M, 2 cores)", speed],
+        ["Drop-in `llama_cpp.Llama` (chat, completion, states, `LlamaCache`)", "works, prompts far beyond `n_ctx`"
+         " included; flash attention with the Λ mask, temperature and ceiling (C ≥ W)"],
+        ["OpenAI-compatible server (`serve`)", server],
+        ["Model families", "Llama 1–3, Qwen2/2.5, Phi-3, SmolLM2/3, MPT (ALiBi), LFM2: every knob exact; Gemma 2/3,"
+         " gpt-oss: the global layers; what a model cannot take is refused with the reason"
+         " ([compatibility](docs/compatibility.md))"],
+        ["Everything off", knobs_off],
+        ["Softmax temperature, calibration (`calibrate`)", "work; the temperature does not lower NLL on SmolLM2 ("
+         + link("calibration", "calibration") + ")"],
+        ["GPU", "Vulkan runs every knob (the memory with the KV cache in host memory), shown on Mesa's"
+         " lavapipe; CUDA compiles, not run"
+         " ([GPU](docs/gpu.md))"],
+        ["llama.cpp's own tests on the patched library", upstream],
+    ]
+    return md(["capability", "works / limits"], rows)
+
+
 # --- registry ---------------------------------------------------------------------------------------------------
 
 TABLES: Dict[str, Callable[[Path], str]] = {
@@ -593,6 +699,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-cost": table_memory_cost,
     "memory-step": table_memory_step,
     "server-ttft": table_server_ttft,
+    "status": table_status,
 }
 
 AREAS: Dict[str, List[str]] = {
@@ -604,12 +711,13 @@ AREAS: Dict[str, List[str]] = {
     "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-needle-multi-qwen",
                "memory-needle-blocks", "memory-needle-selection", "memory-rss-phases", "memory-cost", "memory-step"],
     "server": ["server-ttft"],
+    "readme": ["status"],
 }
 
 
 def marker(name: str) -> str:
     """The comment that precedes the table in the documents."""
-    return f"<!-- bench/tables.py {name} -->"
+    return f"<!-- tools/tables.py {name} -->"
 
 
 def render(name: str, results: Path = RESULTS) -> str:
@@ -641,9 +749,9 @@ def update_doc(doc: Path, results: Path, names=None) -> None:
     out, i = [], 0
     while i < len(lines):
         out.append(lines[i])
-        name = lines[i].removeprefix("<!-- bench/tables.py ").removesuffix(" -->")
+        name = lines[i].removeprefix("<!-- tools/tables.py ").removesuffix(" -->")
         i += 1
-        if lines[i - 1].startswith("<!-- bench/tables.py ") and name in TABLES and (names is None or name in names):
+        if lines[i - 1].startswith("<!-- tools/tables.py ") and name in TABLES and (names is None or name in names):
             while i < len(lines) and lines[i].startswith("|"):
                 i += 1
             out.extend(render(name, results).split("\n"))
@@ -657,7 +765,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("names", nargs="*", default=["all"], help="tables or areas (default: all)")
     p.add_argument("--list", action="store_true", help="list the areas and tables")
-    p.add_argument("--results", default=str(RESULTS), help="directory of the JSON (default: bench/results)")
+    p.add_argument("--results", default=str(RESULTS), help="directory of the benchmarks' JSON (default: bench/results); the memory study's runs are read "
+                        "from studies/memory and llama.cpp's test outcomes from checks")
     p.add_argument("--update", action="store_true",
                    help="rewrite the marked tables of README.md and docs/ in place (after new results): those named, "
                         "or all")

@@ -8,10 +8,10 @@ window's edge, and patch 0012 reads the blocks in the order of the text behind D
 prompt is read once per m given (the region of m*B cells is sized at load). One JSON line per answer, so a run
 stopped halfway keeps what it did.
 
-    python bench/memory_study/needle_top_k.py --model qwen2.5-coder-0.5b --length 8192 --top-k 5,1024 \
-        -o bench/memory_study/needle_top_k.jsonl
-    python bench/memory_study/needle_top_k.py --length 8192 --memory-blocks 16,64 --top-k 5 \
-        -o bench/results/memory_needle_blocks.jsonl
+    python studies/memory/needle_top_k.py --model qwen2.5-coder-0.5b --length 8192 --top-k 5,1024 \
+        -o studies/memory/needle_top_k.jsonl
+    python studies/memory/needle_top_k.py --length 8192 --memory-blocks 16,64 --top-k 5 \
+        -o studies/memory/memory_needle_blocks.jsonl
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ pair's selection (``Llama.memory_selection``) is searched for the block(s) holdi
 line per prompt and m: the answer, how many pairs selected a needle block at each step, and the needle block's
 rank in each selecting pair's (score-ordered) selection for the question.
 
-    python bench/memory_study/needle_selection.py --lengths 8192,16384,32768 --depths 0 --ms 64,256 --cs 0
-    python bench/memory_study/needle_selection.py --lengths 16384,32768 --depths 0 --ms 64 --cs 256
-    python bench/memory_study/needle_selection.py --task needle-multi --model qwen2.5-coder-0.5b --lengths 16384 \
+    python studies/memory/needle_selection.py --lengths 8192,16384,32768 --depths 0 --ms 64,256 --cs 0
+    python studies/memory/needle_selection.py --lengths 16384,32768 --depths 0 --ms 64 --cs 256
+    python studies/memory/needle_selection.py --task needle-multi --model qwen2.5-coder-0.5b --lengths 16384 \
         --depths 0.5,0.75 --ms 64 --cs 1024
 
 --task needle-multi: the prompts of the multi-key needle (the benchmark's, trial for trial), whose distractor lines
@@ -37,7 +37,7 @@ from llama_extrapolate.model_info import read_model_info
 from llama_extrapolate.native import load_tokenizer
 
 WINDOW, N_NEW = 1024, 10
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+RESULTS = Path(__file__).resolve().parent  # the study's runs sit beside its scripts
 
 
 def needle_blocks(prompt: tasks.Prompt, key_tokens, sinks: int, block: int):

@@ -1,4 +1,5 @@
-"""Block summaries of unrotated keys and block selection at a bounded distance (the study's model of issue 23).
+"""Block summaries of unrotated keys and block selection at a bounded distance (the study's model of the document
+memory's selection).
 
 Keys K0 are unrotated (as patch 0014 stores them).  A query q is rotated to the distance D
 (qD = rot(q, D)), so qD . k0 is exactly the logit LM-Infinite gives a middle key (times 1/sqrt(hd)).
