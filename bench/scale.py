@@ -143,7 +143,8 @@ def run(args) -> None:
             if st.top_k_question:
                 llm.set_top_k_active(True)
             entry = {"shape": args.shape, "tokens": len(text), "window": args.window, "threads": args.threads,
-                     "config": name + (HOLD_SUFFIX if hold else ""), "capacity": args.capacity or None,
+                     "config": name + (HOLD_SUFFIX if hold else ""),
+                     "capacity": (args.capacity or None) if st.attention.memory_blocks else None,
                      "read_s": read_s, "read_tok_s": len(text) / read_s, "n_ctx": st.n_ctx,
                      "kv_cache_bytes": st.n_ctx * shape.n_layer * shape.kv_values_per_layer() * 2 * 2}
             entry["short_question"] = ask(llm, short_q, store, hold)

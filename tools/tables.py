@@ -553,6 +553,28 @@ def table_memory_step(r: Path) -> str:
     return md(["built to", "memory opened for"] + [f"c = {c}" if c else "bound only" for c in cs], rows)
 
 
+def table_memory_scale(r: Path) -> str:
+    """The document memory on a model with Llama-2-7B's KV shapes (bench/kv_shapes.py, bench/scale.py): reading,
+    first answer token after a short and a 128-token question, an answer token's time and the bytes it reads from
+    the store, the memory's RAM and the peak RSS, by configuration (":hold": the answer holds the question's blocks)."""
+    d = load("scale.json", r)
+    rows = []
+    for run in d["runs"]:
+        short, long_ = run["short_question"], run["long_question"]
+        note = f" ({run['note']})" if run.get("note") else ""
+        read = f"{k(run['tokens'])} read" + (f", memory for {k(run['capacity'])}" if run.get("capacity") else "")
+        rows.append([f"{run['config']}{note}", f"{run['shape']}, {read}, W = {run['window']}, {run['threads']} threads",
+                     f"{run['read_tok_s']:.0f}",
+                     f"{short['first_token_s']:.2f} s / {long_['first_token_s']:.2f} s",
+                     f"{short['answer_step_mean_s']:.3f} s",
+                     f"{short['answer_rchar_per_token'] / 1e6:,.0f} MB",
+                     f"{run['memory_ram_bytes'] / 1e9:.2f} GB" if "memory_ram_bytes" in run else DASH,
+                     f"{run['peak_rss_bytes'] / 1e9:.2f} GB"])
+    return md(["configuration", "model and stream", "reading tok/s",
+               f"first token ({d['runs'][0]['short_question']['question_tokens']}- / 128-token question)",
+               "answer step", "store read per answer token", "memory RAM", "peak RSS"], rows)
+
+
 def table_server_ttft(r: Path) -> str:
     """`llama-extrapolate serve`: time to the first answer token, a long document's first question and a second
     question on the same document (the stream reused)."""
@@ -698,6 +720,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-rss-phases": table_memory_rss_phases,
     "memory-cost": table_memory_cost,
     "memory-step": table_memory_step,
+    "memory-scale": table_memory_scale,
     "server-ttft": table_server_ttft,
     "status": table_status,
 }
@@ -709,7 +732,8 @@ AREAS: Dict[str, List[str]] = {
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
     "receptive-fields": ["trf", "erf"],
     "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-needle-multi-qwen",
-               "memory-needle-blocks", "memory-needle-selection", "memory-rss-phases", "memory-cost", "memory-step"],
+               "memory-needle-blocks", "memory-needle-selection", "memory-rss-phases", "memory-cost", "memory-step",
+               "memory-scale"],
     "server": ["server-ttft"],
     "readme": ["status"],
 }
