@@ -1,4 +1,4 @@
-"""The document memory (patch 0010) on the default model: retrieval by length and depth, and its cost.
+"""The document memory (patch 0012) on the default model: retrieval by length and depth, and its cost.
 
 ``retrieval``: the passkey (or the RULER-style needle in essays) at several lengths x 5 depths x N trials,
 for the configurations named (``lambda``: LM-Infinite with the bounded cache; ``lambda+memory``: the same

@@ -17,10 +17,10 @@ after a long stream close to decode after a short one, peak RSS bounded.
              alternates); the summary is the median over rounds of the ratio within a round, per wall-clock
              second and per CPU second of the process (--threads 1: no barrier spinning, the steadier figure).
   exact      Lambda + ceiling over the first --tokens tokens of the ablation bench, compared bucket by bucket
-             with its committed NLL (measured before patch 0011 changed how the ceiling is computed).
+             with its committed NLL (measured before the earlier series' patch 0011 changed how the ceiling is computed).
   soak       A stream of --tokens (cycling the essays) through a small window: peak RSS at each mark against
              the peak after 16k tokens, and the NLL by bucket (is anything lost).
-  flash      Lambda + ceiling (S = 10, W = C = L_pre) with and without flash attention (patch 0035), the contexts of
+  flash      Lambda + ceiling (S = 10, W = C = L_pre) with and without flash attention (patch 0008's flash path), the contexts of
              --configs reading the same stream in alternating batches (flash-noceiling / plain-noceiling: the Lambda
              mask alone, to tell flash attention's own cost from the ceiling's copies). Speeds are tokens per CPU
              second of the process (with --threads 1, the work alone on a shared machine): prefill per block, and
@@ -28,7 +28,7 @@ after a long stream close to decode after a short one, peak RSS bounded.
              logit difference of flash and plain, and llama.cpp's compute buffer of each (flash attention does not
              materialize the n_kv x n_ubatch scores).
   stats      The attention statistics' overhead: one context reads --tokens tokens from an empty cache with the
-             statistics off, reduced by the CPU op and by ggml ops in the graph (patch 0037), in rounds that
+             statistics off, reduced by the CPU op and by ggml ops in the graph (patch 0010), in rounds that
              alternate the order, after --warmup untimed rounds (a backend may build kernels on first use);
              tokens per CPU second and per wall second, the overhead the median over rounds.
   plot       bench/results/performance.png from the JSON.
@@ -387,7 +387,7 @@ STATS_VARIANTS = ("off", "host", "graph")
 def run_stats(args) -> None:
     """One context reads the same tokens from an empty cache with the statistics off, reduced by the CPU op
     ("host": for offloaded layers ggml's scheduler copies each layer's logits, mask and softmax to the host) and by
-    ggml ops on the layer's backend ("graph", patch 0037), in turn, rounds alternating the order; tokens per CPU
+    ggml ops on the layer's backend ("graph", patch 0010), in turn, rounds alternating the order; tokens per CPU
     second of the process (all its threads, a software Vulkan driver's included) and per wall second."""
     from tqdm import tqdm
 

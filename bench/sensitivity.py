@@ -8,7 +8,7 @@ attention can differ by when they do not compute bit for bit the same: the weigh
 product rounds its input to 8 bits, so a change in the last bits of an attention output flips some roundings, and
 over thousands of tokens read these add up. Two programs on the same library (llama-server and the Python
 ``Llama``) agree on greedy words only where they compute bit for bit the same (the same batches, cache layout and
-re-basing: llama-server skipped the re-basing until patch 0022 and answered a 6k-token prompt otherwise); the tests
+re-basing: llama-server skipped the re-basing until the earlier series' patch 0022 and answered a 6k-token prompt otherwise); the tests
 compare them on a tiny model, whose logits move by 1e-5 with the layout, and retrieval results are read as rates
 over trials, not single answers.
 

@@ -418,7 +418,7 @@ def table_upstream(r: Path) -> str:
 
 class MemoryLabels(dict):
     """The row names of the memory benchmarks; "lambda+memory:m=N[:c=C]" says its m and its candidates (none in
-    results from before patch 0026)."""
+    results from before the earlier series' patch 0026)."""
 
     def get(self, name, default=None):
         if name.startswith("lambda+memory:m="):
@@ -482,7 +482,7 @@ def table_memory_needle_blocks(r: Path) -> str:
 def table_memory_needle_selection(r: Path) -> str:
     """Whether the question selects the needle's block (studies/memory/needle_selection.py, one JSON line per
     prompt, m and c): the (layer, KV head) pairs holding it after the question and over the answer's steps; c the
-    candidates the exact q.k reranks (0: the bound selects; lines from before patch 0026 have none)."""
+    candidates the exact q.k reranks (0: the bound selects; lines from before the earlier series' patch 0026 have none)."""
     rows_in = [json.loads(line) for line in (STUDY / "memory_needle_selection.jsonl").read_text().splitlines() if line]
     rows = []
     for x in sorted(rows_in, key=lambda x: (x["length"], x["depth"], x["trial"], x["m"], x.get("candidates", 0))):

@@ -14,7 +14,7 @@ rank in each selecting pair's (score-ordered) selection for the question.
 --task needle-multi: the prompts of the multi-key needle (the benchmark's, trial for trial), whose distractor lines
 say the same words for other magic words; each row also gives the distractors' blocks, how many pairs select one
 at each step and their best rank per pair for the question, beside the needle's.
---cs: the candidates the exact q.k reranks (patch 0026; 0: the bound selects the m blocks).
+--cs: the candidates the exact q.k reranks (0: the bound selects the m blocks).
 """
 
 from __future__ import annotations
