@@ -28,6 +28,9 @@ Tiny random models of each layout (f32 caches), the same cases as tests/test_att
 Before patch 0011 the first model was refused (rope_freqs, attention factor) and the second was wrong.
 """
 
+from dataclasses import replace
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -106,8 +109,32 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_knobs_match_the_oracle(family, case, ubatch):
     name, model, path, tokens = family
-    _check_case_against_oracle(name, path, tokens, case, ubatch,
-                               lambda cfg, margin=None: forward(model, tokens, cfg, margin=margin))
+    oracle = partial(forward, model, tokens)
+    ref = _check_case_against_oracle(name, path, tokens, case, ubatch, oracle)
+    _knobs_move_the_logits(f"{name}, {case}", ref, oracle, CASES[case][1], TOL)
+
+
+def knobs_off(cfg: RefAttention) -> dict:
+    """The oracle's configuration with each knob of ``cfg`` turned off in turn, by the knob's name: what a library
+    that silently ignored that knob would compute."""
+    off = {}
+    if np.any(np.asarray(cfg.tau) != 1.0) or cfg.log_length:
+        off["temperature"] = replace(cfg, tau=1.0, log_length=0)
+    if cfg.ceiling:
+        off["ceiling"] = replace(cfg, ceiling=0)
+    if cfg.top_k:
+        off["top_k"] = replace(cfg, top_k=0)
+    if cfg.window or cfg.sinks:
+        off["lambda"] = replace(cfg, sinks=0, window=0)
+    return off
+
+
+def _knobs_move_the_logits(what, ref, oracle, cfg, tol):
+    """Each knob of ``cfg`` moves the oracle's logits ``ref`` by more than ten times the tolerance in this family:
+    a library ignoring it would be that far from ``ref`` and fail the comparison (only "vanilla" has no knob)."""
+    for knob, cfg_off in knobs_off(cfg).items():
+        moved = np.abs(ref - oracle(cfg_off)).max()
+        assert moved > 10 * tol, f"{what}: without {knob} the oracle moves by {moved:.2e} only (tolerance {tol})"
 
 
 def _check_case_against_oracle(name, path, tokens, case, ubatch, oracle, cases=CASES):
@@ -337,7 +364,9 @@ def test_gemma_knobs_match_the_oracle(gemma, case, ubatch):
 
     model, path, tokens, tol = gemma
     kwargs, ref_cfg = GEMMA_CASES[case](model)
-    _matches(f"{model.arch}, {case}", path, tokens, kwargs, ubatch, forward_gemma3(model, tokens, ref_cfg), tol=tol)
+    ref = forward_gemma3(model, tokens, ref_cfg)
+    _knobs_move_the_logits(f"{model.arch}, {case}", ref, partial(forward_gemma3, model, tokens), ref_cfg, tol)
+    _matches(f"{model.arch}, {case}", path, tokens, kwargs, ubatch, ref, tol=tol)
 
 
 # flash attention reads K and V in half precision: against the f16 oracle, or the non-flash path. Largest measured:
@@ -380,6 +409,13 @@ def test_gemma_flash_attention_with_the_ceiling_is_the_exact_path(gemma, ubatch)
             llm.close()
     err = np.abs(out[True] - out[False]).max()
     assert err < TOL_FLASH, f"{model.arch}, ubatch {ubatch}: max |flash - non-flash| = {err}"
+    # the knobs move these logits by several times the tolerance: flash attention ignoring the ceiling (or the
+    # whole Lambda window) on the global layers would be that far from the non-flash path and fail above
+    from reference import forward_gemma3
+
+    for knob, cfg_off in knobs_off(RefAttention(**LAMBDA)).items():
+        moved = np.abs(out[False] - forward_gemma3(model, tokens, cfg_off)).max()
+        assert moved > 3 * TOL_FLASH, f"{model.arch}: without {knob} the logits move by {moved:.3f} only"
 
 
 def test_a_temperature_on_softcapped_logits_refuses_flash_attention(tmp_path):

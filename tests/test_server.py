@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai", reason="the server tests need the openai client: pip install '.[test]'")
@@ -43,8 +44,35 @@ def document(n_chars: int) -> str:
     return paul_graham_essays()[:n_chars]
 
 
-LONG = document(85_000)  # about 20k tokens of SmolLM2
 QUESTION = "In one sentence, what is the text above about?"
+
+
+def planted(text: str, key: int, at: int) -> str:
+    """text with a pass key planted at character ``at``."""
+    return f"{text[:at]}\nThe pass key is {key}. Remember it. {key} is the pass key.\n{text[at:]}"
+
+
+def library_answer(prompt: str, max_tokens: int, **settings) -> str:
+    """llama_extrapolate.Llama's greedy completion of prompt with the server's settings (and its batch sizes)."""
+    from llama_extrapolate import Llama
+    from llama_extrapolate.server import ExtrapolateModelSettings, attention_settings
+
+    built = attention_settings(ExtrapolateModelSettings(**settings))
+    llm = Llama(built["model"], n_ctx=built["n_ctx"], n_threads=2, n_batch=512, n_ubatch=512, verbose=False,
+                **built["kwargs"])
+    try:
+        return llm.create_completion(prompt, max_tokens=max_tokens, temperature=0)["choices"][0]["text"]
+    finally:
+        llm.close()
+
+
+def assert_passkey_found(server, seed: int = 1) -> None:
+    """A request served with the answer to its prompt: a random pass key planted in a short document is the one
+    the greedy completion of "The pass key is" gives (not any text: a server answering something else fails)."""
+    key = int(np.random.default_rng(seed).integers(10_000, 100_000))
+    prompt = planted(document(1500), key, 700) + "\n\nWhat is the pass key? The pass key is"
+    r = server.client.completions.create(model="default", prompt=prompt, max_tokens=8, temperature=0)
+    assert str(key) in r.choices[0].text, (key, r.choices[0].text)
 
 
 def ask(server, content: str, max_tokens: int = 16, stream: bool = False, **kw):
@@ -63,16 +91,19 @@ def ask(server, content: str, max_tokens: int = 16, stream: bool = False, **kw):
 
 def test_long_document_then_second_question_reuses_the_stream(server):
     """A 20k-token prompt (far beyond the window's 1,024 and the cache's cells) is answered; the second question
-    about the same document reads only the new tokens, streamed."""
-    text, usage = ask(server, f"{LONG}\n\n{QUESTION}")
+    about the same document reads only the new tokens, streamed, and answers with the pass key planted near its
+    end."""
+    key = int(np.random.default_rng(4).integers(10_000, 100_000))
+    doc = planted(document(85_000), key, 85_000 - 500)  # about 20k tokens of SmolLM2
+    text, usage = ask(server, f"{doc}\n\n{QUESTION}")
     assert usage.prompt_tokens > 20_000, usage
     assert text.strip(), "empty answer"
     first = server.stats()
     assert first["last_prompt"]["read"] == usage.prompt_tokens and first["last_prompt"]["reused"] == 0, first
     assert first["memory"]["n_blocks"] > 250, first  # what left the window went to the memory
 
-    text2, _ = ask(server, f"{LONG}\n\nWho wrote the text above?", stream=True)
-    assert text2.strip(), "empty streamed answer"
+    text2, _ = ask(server, f"{doc}\n\nWhat is the pass key in the text above?", stream=True)
+    assert str(key) in text2, (key, text2)
     second = server.stats()["last_prompt"]
     assert second["reused"] > usage.prompt_tokens - 64, second  # the document was not read again
     assert second["read"] < 64, second
@@ -88,28 +119,43 @@ def test_two_clients_at_once_do_not_mix(server):
     assert alone[0] != alone[1]
 
 
-def test_client_leaving_mid_answer_stops_the_decode(server):
-    """A streaming client that closes after two pieces: the decode stops there (not max_tokens later), and the
-    next request is served."""
-    prompt = document(2000)
+def streamed_answer_tokens(server, prompt: str, max_tokens: int, leave_after: int = 0) -> int:
+    """Stream a completion of prompt (end of text forbidden, so that it runs to max_tokens), reading every piece or
+    closing after ``leave_after`` of them; the tokens the server decoded for the answer once it has stopped (its
+    count unchanged for two seconds): all it decoded for the request, less the prompt tokens it read."""
     before = server.stats()["tokens_decoded"]
     with httpx.stream("POST", server.url + "/v1/completions", timeout=600,
-                      json={"prompt": prompt, "max_tokens": 400, "temperature": 0, "stream": True,
+                      json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                             "logit_bias": {"<|endoftext|>": -100, "<|im_end|>": -100},
                             "logit_bias_type": "tokens"}) as r:
         got = 0
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 got += 1
-                if got == 2:
+                if got == leave_after:
                     break
-    time.sleep(3)
-    decoded = server.stats()["tokens_decoded"] - before
-    assert decoded < len(prompt) // 3 + 200, f"{decoded} tokens decoded after the client left"
-    text, _ = ask(server, f"{document(1500)}\n\n{QUESTION}")
-    assert text.strip()
+    last, still = None, 0
+    for _ in range(600):  # a server that goes on decoding after the client left is waited for, to its end
+        st = server.stats()
+        still = still + 1 if st["tokens_decoded"] == last else 0
+        if still == 4:
+            break
+        last = st["tokens_decoded"]
+        time.sleep(0.5)
+    return st["tokens_decoded"] - before - st["last_prompt"]["read"]
 
 
+def test_client_leaving_mid_answer_stops_the_decode(server):
+    """A streaming client that closes after two pieces: the decode stops there (not max_tokens later), and the
+    next request is served. The same request read to its end decodes the whole answer (so that the answer would
+    run that long: a server ignoring the client's leaving decodes that many)."""
+    prompt, max_tokens = document(2000), 200
+    stayed = streamed_answer_tokens(server, prompt, max_tokens)
+    assert stayed >= max_tokens - 1, f"{stayed} answer tokens decoded for a client that read to the end"
+    left = streamed_answer_tokens(server, prompt, max_tokens, leave_after=2)
+    print(f"answer tokens decoded: {stayed} for the client that stayed, {left} for the one that left")
+    assert left < max_tokens // 10, f"{left} answer tokens decoded for a client that left after 2 pieces"
+    assert_passkey_found(server)
 def test_prompt_beyond_the_memory_is_a_400_and_the_server_goes_on(server):
     """A prompt longer than the memory holds: HTTP 400 naming memory_capacity, before any reading; then a normal
     request is served."""
@@ -117,8 +163,7 @@ def test_prompt_beyond_the_memory_is_a_400_and_the_server_goes_on(server):
     with pytest.raises(openai.BadRequestError) as exc:
         ask(server, too_long)
     assert "memory_capacity" in str(exc.value)
-    text, _ = ask(server, f"{document(1500)}\n\n{QUESTION}")
-    assert text.strip()
+    assert_passkey_found(server, seed=2)
 
 
 def test_a_request_sets_its_attention_and_bad_values_get_400(server):
@@ -138,7 +183,7 @@ def test_a_request_sets_its_attention_and_bad_values_get_400(server):
                 ask(server, "Say hello.", stream=stream, extra_body={"attention": value})
     text, _ = ask(server, "Say hello.", extra_body={"attention": {"top_k": 2, "top_k_distance": 300,
                                                                    "question_tokens": 16}})
-    assert text.strip()
+    assert "hello" in text.lower(), text
     attention = server.stats()["attention"]
     assert (attention["top_k"], attention["top_k_distance"]) == (2, 300), attention
     ask(server, "Say hello.")
@@ -179,8 +224,12 @@ def test_config_file_models_take_attention_settings(tmp_path, default_model):
     try:
         models = httpx.get(s.url + "/v1/models", timeout=30).json()
         assert [m["id"] for m in models["data"]] == ["smol"]
-        text, usage = ask(s, f"{document(4000)}\n\n{QUESTION}")
-        assert usage.prompt_tokens > 256 and text.strip()
+        # the first request of a new server reads the prompt as a new Llama does: the library's greedy answer
+        prompt = f"{document(4000)}\n\n{QUESTION}\n"
+        r = s.client.completions.create(model="smol", prompt=prompt, max_tokens=8, temperature=0)
+        assert r.usage.prompt_tokens > 256
+        assert r.choices[0].text == library_answer(prompt, 8, model=str(default_model), window=256, sinks=4,
+                                                   memory_blocks=0)
         st = s.stats()
         assert st["memory"] is None and st["stream_tokens"] > 256
         assert (st["attention"]["window"], st["attention"]["sinks"]) == (256, 4)
