@@ -7,12 +7,11 @@ once.
 
 from __future__ import annotations
 
-import os
 from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from .evaluate import PROFILE_CONFIG_PREFIX
+from .names import PROFILE_CONFIG_PREFIX, NamedConfig
 from .tasks import accuracy_table
 from .trf import RPE, trf
 
@@ -35,9 +34,8 @@ def plot_nll(results: dict, path, title: Optional[str] = None) -> None:
     for name, entry in results.get("configs", {}).items():
         b = entry.get("buckets") or []
         if b:
-            label = name
-            if name.startswith(PROFILE_CONFIG_PREFIX):  # the file name is enough to tell the curve apart
-                label = PROFILE_CONFIG_PREFIX + os.path.basename(name[len(PROFILE_CONFIG_PREFIX):])
+            # a profile by its file name (enough to tell the curve apart), another configuration by its name
+            label = NamedConfig.parse(name).label() if name.startswith(PROFILE_CONFIG_PREFIX) else name
             ax.plot([x["end"] for x in b], [x["nll"] for x in b], marker=".", label=label)
     ax.set_xlabel("token position")
     ax.set_ylabel(f"NLL (mean over {results.get('bucket', '?')}-token buckets)")

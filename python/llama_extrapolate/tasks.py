@@ -206,14 +206,16 @@ def shared_readings(configs: Sequence[str]) -> List[tuple]:
     and 'lambda' is the memory's reading with the memory left unused at the question: the same Λ mask over the
     same window and sinks (the memory only keeps what leaves the window; a key it still caches at the window's
     edge is masked), so all three read once. Every other configuration reads alone."""
-    from .evaluate import MEMORY_PASSAGES_SUFFIX, memory_config_name, memory_settings_of
+    from dataclasses import replace
+
+    from .names import NamedConfig
 
     groups: Dict[str, List[str]] = {}
     for name in configs:
-        settings = memory_settings_of(name)
-        reader = name if settings is None else memory_config_name(name.replace(MEMORY_PASSAGES_SUFFIX, ""))
+        reader = (replace(NamedConfig.parse(name), passages=False).name if NamedConfig.is_memory_name(name)
+                  else name)
         groups.setdefault(reader, []).append(name)
-    readers = [r for r in groups if memory_settings_of(r) is not None]
+    readers = [r for r in groups if NamedConfig.is_memory_name(r)]
     if "lambda" in groups and readers:
         groups[readers[0]] += groups.pop("lambda")
     # a configuration alone reads as itself (a ':passages' one with its own top_k from the start)
