@@ -266,6 +266,8 @@ def _cmd_nll(args: argparse.Namespace) -> int:
 
     from . import evaluate, plots, reader
 
+    plots.require_matplotlib()  # its figure is drawn at the end: refuse before the hours of scoring
+
     model = _model_path(args)
     _at_least(args, "tokens", 2)
     _at_least(args, "bucket", 1)
@@ -301,6 +303,8 @@ def _cmd_passkey(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import plots, tasks
+
+    plots.require_matplotlib()  # its figure is drawn at the end: refuse before the hours of scoring
 
     model = _model_path(args)
     lengths = _lengths(args.lengths, "--lengths")
@@ -341,6 +345,8 @@ def _cmd_trf(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import plots, reader, trf
+
+    plots.require_matplotlib()  # its figure is drawn at the end: refuse before the hours of scoring
 
     eps = _eps_list(args.eps)
     _at_least(args, "heads", 1)

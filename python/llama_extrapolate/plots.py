@@ -16,9 +16,30 @@ from .tasks import accuracy_table
 from .trf import RPE, trf
 
 
+PLOTS_EXTRA = "llama-extrapolate[eval]"
+
+
+class PlotsUnavailableError(RuntimeError):
+    """matplotlib, which only the evaluation's figures need, is not installed (``pip install llama-extrapolate``
+    leaves it out so that ``run`` and ``serve`` do not carry it)."""
+
+
+def require_matplotlib() -> None:
+    """Refuse now, before an evaluation spends its hours, if its figures could not be drawn at the end."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise PlotsUnavailableError(f"the evaluation's figures need matplotlib, which is not installed: "
+                                    f"pip install '{PLOTS_EXTRA}'")
+
+
 def pyplot():
     """matplotlib.pyplot on the Agg backend (figures go to files; there may be no display)."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        require_matplotlib()
+        raise
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
