@@ -117,7 +117,7 @@ def _read_text(args: argparse.Namespace) -> tuple:
             raise type(e)(f"--text {e}") from None
         desc = str(args.text)
     else:
-        from .corpora import paul_graham_essays
+        from .harness.corpora import paul_graham_essays
 
         if args.corpus != "pg-essays":
             raise ValueError(f"--corpus {args.corpus!r}: the corpus for calibration is 'pg-essays'")
@@ -138,7 +138,7 @@ def _lengths(value: str, flag: str) -> list:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import calibrate as cal
+    from .harness import calibrate as cal
     from .jsonfile import one_writer
 
     model = _model_path(args)
@@ -264,7 +264,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_nll(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import evaluate, plots, reader
+    from . import reader
+    from .harness import evaluate, plots
 
     plots.require_matplotlib()  # its figure is drawn at the end: refuse before the hours of scoring
 
@@ -302,7 +303,7 @@ def _cmd_nll(args: argparse.Namespace) -> int:
 def _cmd_passkey(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import plots, tasks
+    from .harness import plots, tasks
 
     plots.require_matplotlib()  # its figure is drawn at the end: refuse before the hours of scoring
 
@@ -344,7 +345,8 @@ def _eps_list(value: str) -> list:
 def _cmd_trf(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import plots, reader, trf
+    from . import reader
+    from .harness import plots, trf
 
     plots.require_matplotlib()  # its figure is drawn at the end: refuse before the hours of scoring
 

@@ -11,7 +11,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from .names import PROFILE_CONFIG_PREFIX, NamedConfig
+from ..names import PROFILE_CONFIG_PREFIX, NamedConfig
 from .tasks import accuracy_table
 from .trf import RPE, trf
 

@@ -14,9 +14,9 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 import llama_cpp
 import numpy as np
 
-from . import native
-from .jsonfile import read_json_if, write_json_atomic, writes_one_file
-from .resources import peak_rss_bytes, peak_rss_reset
+from .. import native
+from ..jsonfile import read_json_if, write_json_atomic, writes_one_file
+from ..resources import peak_rss_bytes, peak_rss_reset
 
 
 @dataclass
@@ -178,7 +178,7 @@ def chunked_perplexity(llm: llama_cpp.Llama, tokens: Sequence[int], n_ctx: int, 
 # --- comparing configurations on the same tokens (``llama-extrapolate nll``) -----------------------
 # the configuration names (names.NamedConfig parses, names and labels them); kept here for the callers that import
 # them from the evaluation
-from .names import (BASELINES, MEMORY_CONFIG, MEMORY_LAYER_SUFFIX, MEMORY_PASSAGES_SUFFIX,  # noqa: E402,F401
+from ..names import (BASELINES, MEMORY_CONFIG, MEMORY_LAYER_SUFFIX, MEMORY_PASSAGES_SUFFIX,  # noqa: E402,F401
                     PROFILE_CONFIG_PREFIX, TOP_K_CONFIG, NamedConfig)
 
 
@@ -255,7 +255,7 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
     """
     from dataclasses import replace
 
-    from .config import DEFAULT_TOP_K_LAYER, AttentionConfig, memory_question_top_k
+    from ..config import DEFAULT_TOP_K_LAYER, AttentionConfig, memory_question_top_k
 
     l_pre = int(info.context_length)
     full = n_tokens + n_batch
@@ -317,8 +317,8 @@ def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_pat
     import hashlib
     from pathlib import Path
 
-    from .llama import Llama, thread_counts
-    from .model_info import read_model_info
+    from ..llama import Llama, thread_counts
+    from ..model_info import read_model_info
 
     tokens = np.asarray(tokens, dtype=np.int32)
     info = read_model_info(model)
