@@ -58,9 +58,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import llama_extrapolate as le
-    from llama_extrapolate import AttentionConfig, calibrate, stats
-    from llama_extrapolate.corpora import paul_graham_essays
-    from llama_extrapolate.evaluate import streaming_nll
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.harness import calibrate, stats
+    from llama_extrapolate.harness.corpora import paul_graham_essays
+    from llama_extrapolate.harness.evaluate import streaming_nll
     from llama_extrapolate.default_model import default_model_path
 
     model = str(default_model_path())
@@ -227,7 +228,7 @@ def main(argv=None) -> int:
 
 
 def plot(results: dict, path: Path) -> None:
-    from llama_extrapolate.plots import pyplot
+    from llama_extrapolate.harness.plots import pyplot
 
     plt = pyplot()
 

@@ -29,8 +29,8 @@ import numpy as np
 
 import llama_extrapolate
 from llama_extrapolate import AttentionConfig
-from llama_extrapolate.corpora import paul_graham_essays
-from llama_extrapolate.evaluate import streaming_nll
+from llama_extrapolate.harness.corpora import paul_graham_essays
+from llama_extrapolate.harness.evaluate import streaming_nll
 
 CONFIGS = {
     "vanilla": AttentionConfig.vanilla(),
@@ -60,7 +60,7 @@ def summarize(nll: np.ndarray) -> dict:
 
 
 def plot(results: dict, out: Path, l_pre: int) -> None:
-    from llama_extrapolate.plots import pyplot
+    from llama_extrapolate.harness.plots import pyplot
 
     plt = pyplot()
 

@@ -41,7 +41,7 @@ def essay_stream(n_tokens: int):
     (model path, model info, tokens, question); too few tokens in the essays is refused, not run shorter."""
     import llama_extrapolate as le
     from llama_extrapolate import native
-    from llama_extrapolate.corpora import paul_graham_essays
+    from llama_extrapolate.harness.corpora import paul_graham_essays
     from llama_extrapolate.default_model import default_model_path
 
     model = str(default_model_path())
@@ -93,7 +93,7 @@ def replace_run(path: Path, run: dict, key, sort: bool = False) -> None:
 
 
 def run_retrieval(args) -> None:
-    from llama_extrapolate import plots, tasks
+    from llama_extrapolate.harness import plots, tasks
     from llama_extrapolate.default_model import default_model_path
     from llama_extrapolate.registry_models import model_path
 
@@ -114,7 +114,7 @@ def run_retrieval(args) -> None:
 
 def run_cost(args) -> None:
     import llama_extrapolate as le
-    from llama_extrapolate.evaluate import (MEMORY_CONFIG, MEMORY_PASSAGES_SUFFIX, memory_config_name,
+    from llama_extrapolate.harness.evaluate import (MEMORY_CONFIG, MEMORY_PASSAGES_SUFFIX, memory_config_name,
                                             memory_settings_of, setup_for)
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
 
@@ -178,7 +178,7 @@ def run_step(args) -> None:
     (the bound scores every block the memory can hold and the rerank reads c blocks whatever the document's length,
     so a step costs what it costs at that length), then the question and ANSWER_TOKENS answer steps, for each c."""
     import llama_extrapolate as le
-    from llama_extrapolate.evaluate import memory_config_name, setup_for
+    from llama_extrapolate.harness.evaluate import memory_config_name, setup_for
     from tqdm import tqdm
 
     model, info, tokens, question = essay_stream(args.tokens + args.question_tokens)

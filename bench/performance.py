@@ -111,7 +111,7 @@ def rss_bytes() -> tuple:
 
 def essay_tokens(llm, n: int) -> list:
     """The first n tokens of the essays; past their end the essays start again (for the soak)."""
-    from llama_extrapolate.corpora import paul_graham_essays
+    from llama_extrapolate.harness.corpora import paul_graham_essays
 
     text = paul_graham_essays()
     toks = llm.tokenize(text.encode("utf-8"), add_bos=True)
@@ -392,7 +392,8 @@ def run_stats(args) -> None:
     from tqdm import tqdm
 
     import llama_extrapolate as le
-    from llama_extrapolate import AttentionConfig, stats
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.harness import stats
     import llama_cpp._logger
 
     model = str(le.default_model_path())
@@ -458,7 +459,7 @@ import numpy as np
 variant, model, n_prefill, n_decode, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 if variant != "upstream":
     import llama_extrapolate
-    from llama_extrapolate import stats
+    from llama_extrapolate.harness import stats
 import llama_cpp
 llm = llama_cpp.Llama(model, n_ctx=n_prefill + n_decode + 64, n_batch=512, n_ubatch=512, n_threads=threads,
                       n_threads_batch=threads, verbose=False)
@@ -485,7 +486,7 @@ def run_knobs_off(args) -> None:
     from tqdm import tqdm
 
     import llama_extrapolate as le
-    from llama_extrapolate.corpora import paul_graham_essays
+    from llama_extrapolate.harness.corpora import paul_graham_essays
 
     if args.decode <= 0 or args.repeats <= 0:
         raise SystemExit(f"--decode {args.decode} --repeats {args.repeats}: knobs-off needs at least one decoded "
@@ -564,7 +565,7 @@ def run_exact(args) -> None:
 def run_soak(args) -> None:
     from llama_extrapolate import AttentionConfig
     import llama_extrapolate as le
-    from llama_extrapolate.evaluate import streaming_nll
+    from llama_extrapolate.harness.evaluate import streaming_nll
 
     if args.tokens < 16384:
         raise SystemExit(f"--tokens {args.tokens}: the soak compares against the peak after 16384 tokens; "
@@ -678,7 +679,7 @@ def soak_summary(sec: dict) -> dict:
 # --- plot ----------------------------------------------------------------------------------------------------
 
 def run_plot(args) -> None:
-    from llama_extrapolate.plots import pyplot
+    from llama_extrapolate.harness.plots import pyplot
 
     plt = pyplot()
 

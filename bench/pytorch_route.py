@@ -131,7 +131,7 @@ def essay_tokens(model: str, n: int) -> list:
 def run_torch(model: str, tokens: list, n_batch: int, threads: int, sinks: int, window: int) -> dict:
     from tqdm import tqdm
 
-    from llama_extrapolate.evaluate import log_softmax_at
+    from llama_extrapolate.harness.evaluate import log_softmax_at
     from llama_extrapolate.resources import peak_rss_bytes
 
     t0 = time.perf_counter()
@@ -151,7 +151,7 @@ def run_torch(model: str, tokens: list, n_batch: int, threads: int, sinks: int, 
 
 def run_ours(model: str, tokens: list, n_batch: int, threads: int, sinks: int, window: int) -> dict:
     import llama_extrapolate as le
-    from llama_extrapolate.evaluate import streaming_nll
+    from llama_extrapolate.harness.evaluate import streaming_nll
     from llama_extrapolate.resources import peak_rss_bytes
 
     cfg = le.AttentionConfig(sinks=sinks, window=window, ceiling=window, rollback=0)

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "receptive_field.json"))
     args = ap.parse_args(argv)
 
-    from llama_extrapolate import plots, trf
+    from llama_extrapolate.harness import plots, trf
 
     eps = [float(x) for x in args.eps.split(",")]
     cal = json.loads(Path(args.calibration).read_text())

@@ -30,7 +30,7 @@ QUESTION = b"\n\nQuestion: what is the first essay's title? Answer:"
 
 def top_logprobs(attention, n_ctx: int, n_top: int, threads: int) -> dict:
     from llama_extrapolate import Llama
-    from llama_extrapolate.corpora import paul_graham_essays
+    from llama_extrapolate.harness.corpora import paul_graham_essays
     from llama_extrapolate.default_model import default_model_path
 
     llm = Llama(str(default_model_path()), attention=attention, n_ctx=n_ctx, n_batch=512, n_ubatch=512,

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from llama_extrapolate.corpora import paul_graham_essays
+from llama_extrapolate.harness.corpora import paul_graham_essays
 from llama_extrapolate.default_model import default_model_path
 from llama_extrapolate.native import load_tokenizer
 from llama_extrapolate.server import ServerProcess

@@ -39,7 +39,7 @@ from llama_extrapolate.native import load_tokenizer
 from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
 from llama_extrapolate.default_model import default_model_path
 from llama_extrapolate.model_info import read_model_info
-from llama_extrapolate.tasks import first_number, Stream, passkey_prompt, trial_rng
+from llama_extrapolate.harness.tasks import first_number, Stream, passkey_prompt, trial_rng
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "top_k.json"
@@ -155,7 +155,7 @@ def accuracy(trials) -> dict:
 
 
 def run_cost(args, results: dict) -> None:
-    from llama_extrapolate.corpora import paul_graham_essays
+    from llama_extrapolate.harness.corpora import paul_graham_essays
 
     model = default_model_path()
     info = read_model_info(model)
@@ -221,7 +221,7 @@ def run_cost(args, results: dict) -> None:
 
 
 def plot(results: dict, path: Path) -> None:
-    from llama_extrapolate.plots import pyplot
+    from llama_extrapolate.harness.plots import pyplot
 
     plt = pyplot()
 

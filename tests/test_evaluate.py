@@ -13,7 +13,7 @@ def tiny(tiny_llama):
 def test_streaming_nll_equals_nll_from_full_logits(tiny):
     import llama_extrapolate
     from llama_extrapolate import AttentionConfig
-    from llama_extrapolate.evaluate import streaming_nll
+    from llama_extrapolate.harness.evaluate import streaming_nll
 
     model, path = tiny
     tokens = np.random.default_rng(11).integers(3, model.n_vocab, size=200).tolist()
@@ -40,7 +40,7 @@ def test_streaming_nll_equals_nll_from_full_logits(tiny):
 ])
 def test_streaming_nll_bad_input(tiny, tokens, n_batch, words):
     import llama_extrapolate
-    from llama_extrapolate.evaluate import streaming_nll
+    from llama_extrapolate.harness.evaluate import streaming_nll
 
     _, path = tiny
     llm = llama_extrapolate.Llama(str(path), n_ctx=256, n_batch=64, verbose=False)
@@ -55,7 +55,7 @@ def test_streaming_nll_bad_input(tiny, tokens, n_batch, words):
 def test_log_softmax_at_matches_the_whole_array_formula_and_stays_small():
     import tracemalloc
 
-    from llama_extrapolate.evaluate import log_softmax_at
+    from llama_extrapolate.harness.evaluate import log_softmax_at
 
     rng = np.random.default_rng(5)
     logits = (rng.standard_normal((77, 1000)) * 8 + 300).astype(np.float32)   # large offsets: needs the max shift
@@ -92,8 +92,8 @@ def test_killed_stream_resumes_from_its_checkpoint(tiny, tmp_path, name, attenti
     score matches the uninterrupted run (to the order of sums over cells restored in other slots)."""
     import llama_extrapolate
     from llama_extrapolate import AttentionConfig
-    from llama_extrapolate.checkpoint import StreamCheckpoint
-    from llama_extrapolate.evaluate import streaming_nll
+    from llama_extrapolate.harness.checkpoint import StreamCheckpoint
+    from llama_extrapolate.harness.evaluate import streaming_nll
 
     model, path = tiny
     tokens = np.random.default_rng(12).integers(3, model.n_vocab, size=600).tolist()

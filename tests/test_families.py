@@ -597,7 +597,8 @@ def test_latent_attention_refuses_the_knobs_its_k_only_cache_has_not(tmp_path, c
     """DeepSeek-V2's MLA caches one latent key per token and attends through llama.cpp's K-only path, which has
     the Lambda mask and the temperature but no ceiling, top-k keys or statistics: those are refused at load with
     the reason (before patch 0016 they loaded and did nothing)."""
-    from llama_extrapolate import AttentionConfig, read_model_info, stats
+    from llama_extrapolate import AttentionConfig, read_model_info
+    from llama_extrapolate.harness import stats
     from llama_extrapolate.cli import main
     from tinymodel import TinyDeepseek2
 
@@ -925,7 +926,7 @@ def test_a_hybrid_model_takes_every_knob(lfm2, capsys):
 def _hybrid_info(path, capsys):
     """What `info` prints for a hybrid model with recurrent layers 0 and 2 of 4 (checked), whose statistics are
     refused with that reason."""
-    from llama_extrapolate import stats
+    from llama_extrapolate.harness import stats
     from llama_extrapolate.cli import main
 
     llm = make_llm(path, None)
@@ -950,7 +951,8 @@ def test_a_model_without_a_global_layer_refuses_the_lambda_knobs(tmp_path, name)
     knobs the model loads."""
     import llama_cpp
     import llama_extrapolate
-    from llama_extrapolate import native, read_model_info, stats
+    from llama_extrapolate import native, read_model_info
+    from llama_extrapolate.harness import stats
     from tinymodel import TinyGemma3, TinyLfm2
 
     model = TinyLfm2(seed=5, sliding_window=16) if name.startswith("lfm2") else TinyGemma3(n_layer=5)

@@ -123,7 +123,8 @@ def test_a_second_run_on_the_same_results_file_is_refused(tmp_path, tiny_llama, 
     start, naming the holder, and the file is free again once the first ends, however it ends (a kill included)."""
     import os
 
-    from llama_extrapolate import cli, evaluate
+    from llama_extrapolate import cli
+    from llama_extrapolate.harness import evaluate
     from llama_extrapolate.jsonfile import one_writer
 
     _, model = tiny_llama

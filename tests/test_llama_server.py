@@ -20,7 +20,7 @@ openai = pytest.importorskip("openai", reason="the server tests need the openai 
 pytest.importorskip("llama_cpp.server.app", reason="llama-extrapolate serve needs llama-cpp-python[server]")
 
 from conftest import at_once, clean_env, upstream_binary  # noqa: E402
-from llama_extrapolate.corpora import paul_graham_essays  # noqa: E402
+from llama_extrapolate.harness.corpora import paul_graham_essays  # noqa: E402
 from llama_extrapolate.server import ServerProcess, free_port  # noqa: E402
 
 WINDOW = 1024

@@ -645,7 +645,7 @@ def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_p
     """`llama-extrapolate run` uses the memory by default: a pass key near the start of a document ~3k tokens
     long, read with a window of 1,024, is found (the plain Lambda window no longer sees it)."""
     from llama_extrapolate import cli
-    from llama_extrapolate.tasks import PASSKEY_FILLER, PASSKEY_INTRO, PASSKEY_LINE
+    from llama_extrapolate.harness.tasks import PASSKEY_FILLER, PASSKEY_INTRO, PASSKEY_LINE
 
     doc = tmp_path / "doc.txt"
     doc.write_text(PASSKEY_INTRO + PASSKEY_FILLER * 2 + PASSKEY_LINE.format(key="68512") + PASSKEY_FILLER * 110)

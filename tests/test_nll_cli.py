@@ -18,7 +18,8 @@ def write_text(tmp_path, model, n):
 
 
 def test_nll_compares_every_baseline_and_resumes(tmp_path, tiny_llama, monkeypatch):
-    from llama_extrapolate import cli, evaluate
+    from llama_extrapolate import cli
+    from llama_extrapolate.harness import evaluate
 
     model, path = tiny_llama
     doc = write_text(tmp_path, model, 400)
@@ -52,7 +53,7 @@ def test_nll_compares_every_baseline_and_resumes(tmp_path, tiny_llama, monkeypat
 
 
 def test_interrupted_run_leaves_valid_partial_json(tmp_path, tiny_llama, monkeypatch):
-    from llama_extrapolate import evaluate
+    from llama_extrapolate.harness import evaluate
 
     model, path = tiny_llama
     tokens = random_tokens(model, 300, seed=9)
@@ -103,7 +104,7 @@ def test_interrupted_run_leaves_valid_partial_json(tmp_path, tiny_llama, monkeyp
 def test_context_shift_keeps_the_stream_going(tiny_llama):
     import llama_extrapolate
     from llama_extrapolate import AttentionConfig
-    from llama_extrapolate.evaluate import streaming_nll
+    from llama_extrapolate.harness.evaluate import streaming_nll
 
     model, path = tiny_llama
     tokens = random_tokens(model, 400, seed=10)

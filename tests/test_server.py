@@ -19,7 +19,7 @@ pytest.importorskip("llama_cpp.server.app", reason="llama-extrapolate serve need
 import httpx  # noqa: E402  (installed with openai)
 
 from conftest import at_once, clean_env  # noqa: E402
-from llama_extrapolate.corpora import paul_graham_essays  # noqa: E402
+from llama_extrapolate.harness.corpora import paul_graham_essays  # noqa: E402
 from llama_extrapolate.server import ServerProcess, free_port  # noqa: E402
 
 WINDOW = 1024

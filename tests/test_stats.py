@@ -27,7 +27,7 @@ REDUCE = ["host", "graph"]
 
 
 def collect(llm, tokens, reduce="auto"):
-    from llama_extrapolate import stats
+    from llama_extrapolate.harness import stats
 
     llm.reset()
     with stats.collecting(llm, reduce=reduce):
@@ -48,7 +48,7 @@ def compare(got, ref: RefStats, what):
 
 
 def test_bins_match_the_reference_definition():
-    from llama_extrapolate import stats
+    from llama_extrapolate.harness import stats
 
     assert np.array_equal(stats.bin_lower(), STAT_BIN_LOWER)
     # every distance an int32 position difference takes has its bin, with no clamp: the last bin, [7·2^28, 8·2^28),
@@ -104,7 +104,8 @@ def test_statistics_on_alibi_with_temperature(tiny_mpt_model, reduce):
 def test_bounded_stream_and_snapshots_subtract(tiny_llama, reduce):
     """A 600-token stream through a bounded cache (its positions re-based, its cells reused out of order): the rows
     of a stretch are the difference of two readings."""
-    from llama_extrapolate import AttentionConfig, stats
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.harness import stats
 
     model, path = tiny_llama
     tokens = random_tokens(model, 600, seed=7)
@@ -130,7 +131,8 @@ def test_bounded_stream_and_snapshots_subtract(tiny_llama, reduce):
 
 
 def test_off_collects_nothing_and_leaves_logits_unchanged(tiny_llama):
-    from llama_extrapolate import AttentionConfig, stats
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.harness import stats
 
     model, path = tiny_llama
     tokens = random_tokens(model, 100, seed=8)
@@ -157,7 +159,8 @@ def test_off_collects_nothing_and_leaves_logits_unchanged(tiny_llama):
 
 
 def test_flash_attention_is_refused_with_a_named_reason(tiny_llama):
-    from llama_extrapolate import AttentionConfig, stats
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.harness import stats
 
     _, path = tiny_llama
     llm = make_llm(path, AttentionConfig.vanilla(), flash_attn=True)
@@ -171,7 +174,8 @@ def test_flash_attention_is_refused_with_a_named_reason(tiny_llama):
 def test_bad_reduce_choices_are_named(tiny_llama):
     """An unknown place to reduce is named with the choices; the graph's ops on a context of several sequences
     (they sort the cells of one) are refused with the fix, and the context keeps its choice."""
-    from llama_extrapolate import AttentionConfig, stats
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.harness import stats
 
     _, path = tiny_llama
     llm = make_llm(path, AttentionConfig.vanilla(), embedding=True)  # (llama_cpp opens n_batch sequences)

@@ -11,7 +11,7 @@ import pytest
 from conftest import random_tokens
 from reference import RefAttention, RefStats, forward
 
-from llama_extrapolate import trf
+from llama_extrapolate.harness import trf
 
 
 @pytest.mark.parametrize("m", [0.5, 2.0 ** -8, 2.0 ** -0.5])

@@ -19,12 +19,10 @@ def _library_facts() -> dict:
 
 
 def _model_path(args: argparse.Namespace) -> str:
-    """--model (a GGUF file, or a registry model's short name), else the default model (whose absence raises
-    ModelNotFoundError naming the package to install)."""
-    from .default_model import default_model_path
-    from .registry_models import model_path
+    """--model (a GGUF file, or a registry model's short name), else the default model (options.model_path)."""
+    from .options import model_path
 
-    return model_path(args.model) if args.model is not None else str(default_model_path())
+    return model_path(args.model)
 
 
 def _at_least(args: argparse.Namespace, name: str, low: int) -> None:
@@ -119,7 +117,7 @@ def _read_text(args: argparse.Namespace) -> tuple:
             raise type(e)(f"--text {e}") from None
         desc = str(args.text)
     else:
-        from .corpora import paul_graham_essays
+        from .harness.corpora import paul_graham_essays
 
         if args.corpus != "pg-essays":
             raise ValueError(f"--corpus {args.corpus!r}: the corpus for calibration is 'pg-essays'")
@@ -140,7 +138,7 @@ def _lengths(value: str, flag: str) -> list:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import calibrate as cal
+    from .harness import calibrate as cal
     from .jsonfile import one_writer
 
     model = _model_path(args)
@@ -174,74 +172,20 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _attention_from_args(args: argparse.Namespace, info):
-    """AttentionConfig from the model's metadata and defaults, then the command's flags."""
-    from .config import AttentionConfig
+    """AttentionConfig from the model's metadata and defaults, then the command's flags (options.AttentionOptions)."""
+    from .options import AttentionOptions
 
-    overrides = {k: getattr(args, k) for k in ("sinks", "window", "ceiling") if getattr(args, k, None) is not None}
-    memory = getattr(args, "memory_blocks", None) or 0
-    if memory > 0:
-        # the document memory: what leaves the window goes to disk, the question selects blocks and takes the
-        # top-k middle keys among them
-        from .config import DEFAULT_MEMORY_BLOCK, DEFAULT_TOP_K_LAYER, memory_question_top_k
-
-        layer = args.top_k_layer if args.top_k_layer is not None else min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1)
-        passages = getattr(args, "passages", False)
-        if passages and args.top_k:
-            raise ValueError(f"--passages with --top-k {args.top_k}: the passages are every key of the selected "
-                             "blocks (top-k = M*B); drop one of them")
-        top_k = args.top_k or memory_question_top_k(
-            memory, getattr(args, "memory_block_size", None) or DEFAULT_MEMORY_BLOCK, passages)
-        overrides.update(memory_blocks=memory, top_k=top_k, top_k_layer=layer,
-                         top_k_distance=args.top_k_distance, top_k_scope="question")
-        if getattr(args, "memory_block_size", None):
-            overrides.update(memory_block_size=args.memory_block_size)
-        if getattr(args, "memory_candidates", None) is not None:
-            overrides.update(memory_candidates=args.memory_candidates)
-        if getattr(args, "memory_selection", None) is not None:
-            overrides.update(memory_selection=args.memory_selection)
-    elif (flag := next((f for f in ("memory_candidates", "memory_selection", "memory_block_size", "passages")
-                        if getattr(args, f, None) not in (None, False)), None)) is not None:
-        value = "" if flag == "passages" else f" {getattr(args, flag)}"
-        raise ValueError(f"--{flag.replace('_', '-')}{value} without the document memory: it says how "
-                         "the memory selects its blocks; drop it or set --memory-blocks M (e.g. 64)")
-    elif getattr(args, "top_k", None):
-        # the document is read with the Lambda mask, the question and the answer add the middle keys
-        overrides.update(top_k=args.top_k, top_k_layer=args.top_k_layer, top_k_distance=args.top_k_distance,
-                         top_k_scope="question")
-    elif getattr(args, "top_k_layer", None) is not None or getattr(args, "top_k_distance", None) is not None:
-        raise ValueError("--top-k-layer/--top-k-distance need --top-k K (the number of middle keys per head)")
-    if getattr(args, "profile", None):
-        from .profile import CalibrationProfile
-
-        prof = CalibrationProfile.load(args.profile)
-        prof.check_model(info.path)
-        overrides.update(prof.temperature_fields(args.profile_mode))
-    return AttentionConfig.from_model(info, **overrides)
+    return AttentionOptions.of(args).attention(info)
 
 
-def _default_memory(args, info) -> Optional[str]:
-    """The memory is on by default where it can be (RoPE or ALiBi, and a window): with ``args.memory_blocks`` unset,
-    set it to the default there; elsewhere leave it off and return why (run and serve share the rule)."""
-    from .config import DEFAULT_MEMORY_BLOCKS
-    from .model_info import knob_support
+def _default_memory(args: argparse.Namespace, info) -> Optional[str]:
+    """The memory is on by default where it can be: with ``args.memory_blocks`` unset, set it to the default there;
+    elsewhere leave it off and return why (AttentionOptions.resolve_on, the rule run and serve share)."""
+    from .options import AttentionOptions
 
-    if args.memory_blocks is not None:
-        return None
-    refused = knob_support(info)["memory"]  # the position encoding among its reasons
-    if refused is not None:
-        return f"document memory off: the library refuses it on this {info.architecture} model ({refused})"
-    if args.window == 0:
-        return "document memory off: full attention (--window 0) keeps every key"
-    args.memory_blocks = DEFAULT_MEMORY_BLOCKS
-    return None
-
-
-def _memory_type(info) -> str:
-    """How the memory stores keys and values when not told: q8_0 quantizes 32 values at a time, so a head of
-    another size is stored in f16."""
-    n_head = info.head_count if isinstance(info.head_count, int) else max(info.head_count)
-    head = int(info.embedding_length or 0) // max(1, int(n_head or 1))
-    return "q8_0" if head % 32 == 0 else "f16"
+    resolved, off = AttentionOptions.of(args).resolve_on(info)
+    args.memory_blocks = resolved.memory_blocks
+    return off
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -277,7 +221,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                n_ctx=args.n_ctx)
     memory = {}
     if resolved.memory:
-        memory_type = args.memory_type or _memory_type(info)
+        from .options import memory_type_for
+
+        memory_type = args.memory_type or memory_type_for(info)
         memory = dict(memory_path=args.memory_file, memory_keep=args.keep_memory, memory_type=memory_type,
                       memory_capacity=reader.memory_capacity(resolved, info, document, args.prompt,
                                                              max_tokens=args.max_tokens))
@@ -318,7 +264,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_nll(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import evaluate, plots, reader
+    from . import reader
+    from .harness import evaluate, plots
+
+    plots.require_matplotlib()  # its figure is drawn at the end: refuse before the hours of scoring
 
     model = _model_path(args)
     _at_least(args, "tokens", 2)
@@ -354,7 +303,9 @@ def _cmd_nll(args: argparse.Namespace) -> int:
 def _cmd_passkey(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import plots, tasks
+    from .harness import plots, tasks
+
+    plots.require_matplotlib()  # its figure is drawn at the end: refuse before the hours of scoring
 
     model = _model_path(args)
     lengths = _lengths(args.lengths, "--lengths")
@@ -394,7 +345,10 @@ def _eps_list(value: str) -> list:
 def _cmd_trf(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import plots, reader, trf
+    from . import reader
+    from .harness import plots, trf
+
+    plots.require_matplotlib()  # its figure is drawn at the end: refuse before the hours of scoring
 
     eps = _eps_list(args.eps)
     _at_least(args, "heads", 1)
@@ -442,6 +396,8 @@ def _cmd_trf(args: argparse.Namespace) -> int:
 
 def _shared_options() -> dict:
     """The options several commands take, declared once (same name, default and help everywhere)."""
+    from .options import add_flags
+
     def parent() -> argparse.ArgumentParser:
         return argparse.ArgumentParser(add_help=False)
 
@@ -453,9 +409,7 @@ def _shared_options() -> dict:
     compute.add_argument("--threads", type=int, help="CPU threads, for the reading (batches) and the answer alike "
                          "(default: llama-cpp-python's, every core for batches)")
     lam = parent()
-    lam.add_argument("--sinks", type=int, help="S, the sink tokens (default: the model's metadata, else 10)")
-    lam.add_argument("--window", type=int, help="W, the window (default: the model's metadata, else its training "
-                                                "length; 0 = full attention)")
+    add_flags(lam, ["sinks", "window"])
     text = parent()
     source = text.add_mutually_exclusive_group()
     source.add_argument("--file", help="UTF-8 text file (default: --corpus)")
@@ -467,7 +421,7 @@ def _shared_options() -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
+    from .options import add_flags
 
     parser = argparse.ArgumentParser(
         prog="llama-extrapolate",
@@ -494,34 +448,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sampling-temperature", type=float, default=0.0,
                    help="temperature of the sampling of the answer (0 = greedy); the softmax temperature of the "
                         "attention comes from --profile")
-    r.add_argument("--ceiling", type=int, help="C (default: W)")
-    r.add_argument("--top-k", type=int, help="the question and the answer also attend to the K middle keys with the "
-                                              "largest logits (LM-Infinite: 5); the cache then keeps the document")
-    r.add_argument("--top-k-layer", type=int, help="first layer with the middle keys (default 5)")
-    r.add_argument("--top-k-distance", type=int, help="distance they are scored at (default C/2)")
-    r.add_argument("--memory-blocks", type=int,
-                   help=f"document memory: what leaves the window is kept on disk in blocks and the question "
-                        f"attends to the --top-k best keys of the M blocks each head selects (default "
-                        f"{DEFAULT_MEMORY_BLOCKS} on RoPE models; 0 = off). More blocks find more of the document "
-                        "(64 found 8 of 10 needles at 8k where 16 found 2) at more compute per answer token, not "
-                        "more RAM (docs/results.md)")
-    r.add_argument("--memory-block-size", type=int, help="tokens per block (default 64)")
-    r.add_argument("--memory-candidates", type=int,
-                   help=f"blocks Quest's bound proposes to each head, of which the M with the largest exact q.k are "
-                        f"selected (default {MEMORY_CANDIDATES_PER_BLOCK}*M; 0: the bound selects them)")
-    r.add_argument("--passages", action="store_true",
-                   help="the question reads every key of the M selected blocks, in the order of the text, instead of "
-                        "the --top-k best keys among them: whole passages (found the multi-key needle on Qwen, where "
-                        "the best five keys mixed up two lines; docs/results.md)")
-    r.add_argument("--memory-selection", choices=["head", "layer"],
-                   help="who selects the blocks: each KV head its own (head, the default) or the layer, whose KV "
-                        "heads then read the same blocks (a block's score is its largest over them)")
+    add_flags(r, ["ceiling", "top_k", "top_k_layer", "top_k_distance", "memory_blocks", "memory_block_size",
+                  "memory_candidates", "passages", "memory_selection"])
     r.add_argument("--memory-file", help="the memory's file (default: an anonymous temporary file)")
     r.add_argument("--keep-memory", action="store_true", help="keep --memory-file after the run")
-    r.add_argument("--memory-type", choices=["q8_0", "q4_0", "f16", "f32"],
-                   help="how the memory stores keys and values (default q8_0, f16 for heads not a multiple of 32)")
-    r.add_argument("--profile", help="calibration profile: softmax temperature schedule tau(p)")
-    r.add_argument("--profile-mode", choices=["pmax", "entropy"], default="pmax")
+    add_flags(r, ["memory_type", "profile", "profile_mode"])
     r.add_argument("--n-ctx", type=int, help="cache size with --window 0 (default: the training length)")
     r.add_argument("--no-chat", action="store_true", help="plain completion instead of the chat template")
     r.add_argument("--state", help="file for the stream after the document: the first run reads the document "

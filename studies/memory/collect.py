@@ -16,8 +16,8 @@ import numpy as np
 
 import llama_extrapolate  # before llama_cpp: the patched library
 import llama_cpp
-from llama_extrapolate.corpora import paul_graham_essays
-from llama_extrapolate.tasks import needle_prompt, passkey_prompt, trial_rng
+from llama_extrapolate.harness.corpora import paul_graham_essays
+from llama_extrapolate.harness.tasks import needle_prompt, passkey_prompt, trial_rng
 
 import blocks as BL
 from npmodel import NPModel

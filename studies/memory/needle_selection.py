@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from llama_extrapolate import tasks
+from llama_extrapolate.harness import tasks
 from llama_extrapolate.cli import _model_path
-from llama_extrapolate.corpora import paul_graham_essays
-from llama_extrapolate.evaluate import MEMORY_CONFIG, setup_for
+from llama_extrapolate.harness.corpora import paul_graham_essays
+from llama_extrapolate.harness.evaluate import MEMORY_CONFIG, setup_for
 from llama_extrapolate.llama import Llama
 from llama_extrapolate.model_info import read_model_info
 from llama_extrapolate.native import load_tokenizer

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 import llama_extrapolate as le
 from llama_extrapolate import native
-from llama_extrapolate.evaluate import memory_config_name, setup_for
+from llama_extrapolate.harness.evaluate import memory_config_name, setup_for
 from llama_extrapolate.resources import peak_rss_reset
 
 RESULTS = Path(__file__).resolve().parent  # the study's runs sit beside its scripts

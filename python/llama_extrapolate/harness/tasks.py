@@ -20,9 +20,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from . import native
-from .jsonfile import read_json_if, write_json_atomic, writes_one_file
-from .native import load_tokenizer
+from .. import native
+from ..jsonfile import read_json_if, write_json_atomic, writes_one_file
+from ..native import load_tokenizer
+from ..reader import common_prefix  # noqa: F401 (tasks.common_prefix is what callers used)
 
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                  "I will quiz you about the important information there.")
@@ -48,16 +49,6 @@ class Prompt:
     depth: float
     length: int
     question_start: int = 0  # index of the first token of the question (top_k_scope="question" switches there)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix of two token lists."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _question_start(tokenize: Callable[[str, bool], List[int]], document: str, tokens: List[int]) -> int:
@@ -206,14 +197,16 @@ def shared_readings(configs: Sequence[str]) -> List[tuple]:
     and 'lambda' is the memory's reading with the memory left unused at the question: the same Λ mask over the
     same window and sinks (the memory only keeps what leaves the window; a key it still caches at the window's
     edge is masked), so all three read once. Every other configuration reads alone."""
-    from .evaluate import MEMORY_PASSAGES_SUFFIX, memory_config_name, memory_settings_of
+    from dataclasses import replace
+
+    from ..names import NamedConfig
 
     groups: Dict[str, List[str]] = {}
     for name in configs:
-        settings = memory_settings_of(name)
-        reader = name if settings is None else memory_config_name(name.replace(MEMORY_PASSAGES_SUFFIX, ""))
+        reader = (replace(NamedConfig.parse(name), passages=False).name if NamedConfig.is_memory_name(name)
+                  else name)
         groups.setdefault(reader, []).append(name)
-    readers = [r for r in groups if memory_settings_of(r) is not None]
+    readers = [r for r in groups if NamedConfig.is_memory_name(r)]
     if "lambda" in groups and readers:
         groups[readers[0]] += groups.pop("lambda")
     # a configuration alone reads as itself (a ':passages' one with its own top_k from the start)
@@ -223,7 +216,7 @@ def shared_readings(configs: Sequence[str]) -> List[tuple]:
 def question_top_k(name: str, attention) -> int:
     """The top_k a question of configuration ``name`` takes after a reading with ``attention`` (a memory's):
     0 for 'lambda' (the memory unused), else the memory's rule (config.memory_question_top_k)."""
-    from .config import memory_question_top_k
+    from ..config import memory_question_top_k
     from .evaluate import memory_settings_of
 
     if name == "lambda":
@@ -245,8 +238,8 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
     is nearly all of a trial's time at 16k tokens and more."""
     from .corpora import paul_graham_essays
     from .evaluate import memory_config_name, setup_for
-    from .llama import Llama, thread_counts
-    from .model_info import read_model_info
+    from ..llama import Llama, thread_counts
+    from ..model_info import read_model_info
 
     if task not in TASKS:
         raise ValueError(f"task {task!r}: use one of {', '.join(TASKS)}")

@@ -17,7 +17,7 @@ from typing import Dict, Iterator, Optional
 
 import numpy as np
 
-from . import native
+from .. import native
 
 FIELDS = ("count", "pmax", "entropy", "n_keys", "logit_mean", "logit_var")
 

@@ -9,7 +9,7 @@ model attend to:
   all but eps of the bound;
 * Theorem 0.5: if alpha_t / alpha <= beta_t / beta for large t, then TRF_alpha(eps) <= TRF_beta(eps) for small eps;
 * the empirical receptive field ERF(eps) is the same window read off attention mass measured on a model
-  (``llama_extrapolate.stats`` accumulates it by distance inside llama.cpp).
+  (``llama_extrapolate.harness.stats`` accumulates it by distance inside llama.cpp).
 
 Series are indexed by distance t >= 0 (the paper's b_n with n = t + 1 for Type 1 and Type 2).
 """
@@ -379,7 +379,9 @@ def measure_erf(llm, tokens: Sequence[int], eps: Sequence[float], n_batch: int =
     """Read tokens once with statistics on and return the mass by distance and the ERF per layer."""
     from tqdm.auto import tqdm
 
-    from . import native, stats
+    from .. import native
+
+    from . import stats
 
     tokens = [int(t) for t in tokens]
     if len(tokens) < 2:
@@ -404,8 +406,8 @@ def measure_erf_configs(model: str, tokens: Sequence[int], names: Sequence[str],
     """The ERF of ``model`` under each named configuration (vanilla, lambda), each read with the cache and the
     window the evaluations use for a stream of this length (``evaluate.setup_for``)."""
     from .evaluate import setup_for
-    from .llama import Llama, thread_counts
-    from .model_info import read_model_info
+    from ..llama import Llama, thread_counts
+    from ..model_info import read_model_info
 
     bad = [n for n in names if n not in ERF_CONFIGS]
     if bad or not names:

@@ -7,19 +7,39 @@ once.
 
 from __future__ import annotations
 
-import os
 from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from .evaluate import PROFILE_CONFIG_PREFIX
+from ..names import PROFILE_CONFIG_PREFIX, NamedConfig
 from .tasks import accuracy_table
 from .trf import RPE, trf
 
 
+PLOTS_EXTRA = "llama-extrapolate[eval]"
+
+
+class PlotsUnavailableError(RuntimeError):
+    """matplotlib, which only the evaluation's figures need, is not installed (``pip install llama-extrapolate``
+    leaves it out so that ``run`` and ``serve`` do not carry it)."""
+
+
+def require_matplotlib() -> None:
+    """Refuse now, before an evaluation spends its hours, if its figures could not be drawn at the end."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise PlotsUnavailableError(f"the evaluation's figures need matplotlib, which is not installed: "
+                                    f"pip install '{PLOTS_EXTRA}'")
+
+
 def pyplot():
     """matplotlib.pyplot on the Agg backend (figures go to files; there may be no display)."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        require_matplotlib()
+        raise
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -35,9 +55,8 @@ def plot_nll(results: dict, path, title: Optional[str] = None) -> None:
     for name, entry in results.get("configs", {}).items():
         b = entry.get("buckets") or []
         if b:
-            label = name
-            if name.startswith(PROFILE_CONFIG_PREFIX):  # the file name is enough to tell the curve apart
-                label = PROFILE_CONFIG_PREFIX + os.path.basename(name[len(PROFILE_CONFIG_PREFIX):])
+            # a profile by its file name (enough to tell the curve apart), another configuration by its name
+            label = NamedConfig.parse(name).label() if name.startswith(PROFILE_CONFIG_PREFIX) else name
             ax.plot([x["end"] for x in b], [x["nll"] for x in b], marker=".", label=label)
     ax.set_xlabel("token position")
     ax.set_ylabel(f"NLL (mean over {results.get('bucket', '?')}-token buckets)")

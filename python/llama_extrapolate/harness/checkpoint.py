@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from .native import clear_memory, read_state_file, write_state_file
+from ..native import clear_memory, read_state_file, write_state_file
 
 
 @dataclass

@@ -14,9 +14,9 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 import llama_cpp
 import numpy as np
 
-from . import native
-from .jsonfile import read_json_if, write_json_atomic, writes_one_file
-from .resources import peak_rss_bytes, peak_rss_reset
+from .. import native
+from ..jsonfile import read_json_if, write_json_atomic, writes_one_file
+from ..resources import peak_rss_bytes, peak_rss_reset
 
 
 @dataclass
@@ -176,23 +176,10 @@ def chunked_perplexity(llm: llama_cpp.Llama, tokens: Sequence[int], n_ctx: int, 
 
 
 # --- comparing configurations on the same tokens (``llama-extrapolate nll``) -----------------------
-BASELINES = ("lambda", "vanilla", "context-shift", "window-only", "lambda-only", "ceiling-only", "log-length")
-# retrieval tasks only: the document is read with the Lambda mask, the question adds the top-k middle keys
-TOP_K_CONFIG = "lambda+top-k"
-# retrieval tasks only: the document is read with the bounded Lambda cache and goes to the document memory, the
-# question selects m blocks per KV head (config.DEFAULT_MEMORY_BLOCKS; "lambda+memory:m=16" for another m) and takes
-# the top-5 keys among them
-MEMORY_CONFIG = "lambda+memory"
-# full attention with a calibration profile's schedule: "profile=" + the profile's path
-PROFILE_CONFIG_PREFIX = "profile="
-
-
-# a memory configuration whose KV heads of a layer select the same blocks ends with this ("lambda+memory:layer",
-# "lambda+memory:m=64:c=1024:layer"); without it each KV head selects its own
-MEMORY_LAYER_SUFFIX = ":layer"
-# ... with this before ":layer" ("lambda+memory:m=64:c=1024:passages"), the question reads every key of the selected
-# blocks in the order of the text (top_k = m * B, the passages mode) instead of the best five keys
-MEMORY_PASSAGES_SUFFIX = ":passages"
+# the configuration names (names.NamedConfig parses, names and labels them); kept here for the callers that import
+# them from the evaluation
+from ..names import (BASELINES, MEMORY_CONFIG, MEMORY_LAYER_SUFFIX, MEMORY_PASSAGES_SUFFIX,  # noqa: E402,F401
+                    PROFILE_CONFIG_PREFIX, TOP_K_CONFIG, NamedConfig)
 
 
 class MemorySettings(NamedTuple):
@@ -203,45 +190,20 @@ class MemorySettings(NamedTuple):
 
 
 def memory_config_name(name: str) -> str:
-    """The name results are stored under: a memory configuration with its m and candidates c ("lambda+memory" is
-    the default's, which has changed, so a stored "lambda+memory" would not say what it ran with; results from
-    before the candidates, patch 0026, are "lambda+memory:m=N" and selected by the bound alone), ":passages" when
-    the question reads whole blocks and ":layer" when the layer selects; any other name as it is."""
-    settings = memory_settings_of(name)
-    if settings is None:
-        return name
-    return (f"{MEMORY_CONFIG}:m={settings.blocks}:c={settings.candidates}"
-            + (MEMORY_PASSAGES_SUFFIX if settings.passages else "")
-            + (MEMORY_LAYER_SUFFIX if settings.selection == "layer" else ""))
+    """The name results are stored under (NamedConfig.name): a memory configuration with its m and candidates c
+    ("lambda+memory" is the default's, which has changed, so a stored "lambda+memory" would not say what it ran
+    with), ":passages" when the question reads whole blocks and ":layer" when the layer selects; any other name as
+    it is."""
+    return NamedConfig.parse(name).name if NamedConfig.is_memory_name(name) else name
 
 
 def memory_settings_of(name: str) -> Optional[MemorySettings]:
-    """(m, c, selection) of a document-memory configuration name: "lambda+memory", "lambda+memory:m=N" or
-    "lambda+memory:m=N:c=C" (c candidates, 0 = the bound selects; by default MEMORY_CANDIDATES_PER_BLOCK * m),
-    each with ":passages" after it for whole blocks in the order of the text, then ":layer" for the layer's
-    selection; None for any other name."""
-    from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
-
-    selection, passages = "head", False
-    if name.startswith(MEMORY_CONFIG) and name.endswith(MEMORY_LAYER_SUFFIX):
-        name, selection = name[:-len(MEMORY_LAYER_SUFFIX)], "layer"
-    if name.startswith(MEMORY_CONFIG) and name.endswith(MEMORY_PASSAGES_SUFFIX):
-        name, passages = name[:-len(MEMORY_PASSAGES_SUFFIX)], True
-    if name == MEMORY_CONFIG:
-        return MemorySettings(DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS, selection,
-                              passages)
-    prefix = MEMORY_CONFIG + ":m="
-    if not name.startswith(prefix):
+    """(m, c, selection, passages) of a document-memory configuration name (NamedConfig.parse); None for any other
+    name. ValueError names a malformed m or c."""
+    if not NamedConfig.is_memory_name(name):
         return None
-    m, _, c = name[len(prefix):].partition(":c=")
-    if not m.isdigit() or int(m) < 1:
-        raise ValueError(f"configuration {name!r}: m must be a whole number >= 1, as in {prefix}64")
-    if not c:
-        return MemorySettings(int(m), MEMORY_CANDIDATES_PER_BLOCK * int(m), selection, passages)
-    if not c.isdigit() or (int(c) != 0 and int(c) <= int(m)):
-        raise ValueError(f"configuration {name!r}: c must be 0 (the bound selects) or a whole number > m, as in "
-                         f"{prefix}{m}:c={MEMORY_CANDIDATES_PER_BLOCK * int(m)}")
-    return MemorySettings(int(m), int(c), selection, passages)
+    named = NamedConfig.parse(name)
+    return MemorySettings(named.memory_blocks, named.memory_candidates, named.memory_selection, named.passages)
 
 
 def memory_blocks_of(name: str) -> Optional[int]:
@@ -293,7 +255,7 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
     """
     from dataclasses import replace
 
-    from .config import DEFAULT_TOP_K_LAYER, AttentionConfig, memory_question_top_k
+    from ..config import DEFAULT_TOP_K_LAYER, AttentionConfig, memory_question_top_k
 
     l_pre = int(info.context_length)
     full = n_tokens + n_batch
@@ -355,8 +317,8 @@ def compare_nll(model: str, tokens: Sequence[int], names: Sequence[str], out_pat
     import hashlib
     from pathlib import Path
 
-    from .llama import Llama, thread_counts
-    from .model_info import read_model_info
+    from ..llama import Llama, thread_counts
+    from ..model_info import read_model_info
 
     tokens = np.asarray(tokens, dtype=np.int32)
     info = read_model_info(model)

@@ -29,7 +29,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import native
+from .. import native
 from . import stats as _stats
 from .stats import AttentionStats
 
@@ -64,7 +64,7 @@ def save_passes(path, cache: Dict[Tuple[float, ...], Measurement], meta: dict) -
     """Write the passes measured so far (atomically), so an interrupted calibration resumes without them."""
     from pathlib import Path
 
-    from .jsonfile import write_json_atomic
+    from ..jsonfile import write_json_atomic
 
     path = Path(path)
     data = {"format": "llama-extrapolate/calibration-passes/1", "meta": meta,
@@ -426,10 +426,10 @@ def calibrate_model(model: str, text: str, text_name: str, out, *, training_leng
     import sys
     from pathlib import Path
 
-    from .config import AttentionConfig
-    from .llama import Llama, thread_counts
-    from .model_info import read_model_info
-    from .profile import CalibrationProfile, file_sha256
+    from ..config import AttentionConfig
+    from ..llama import Llama, thread_counts
+    from ..model_info import read_model_info
+    from ..profile import CalibrationProfile, file_sha256
 
     info = read_model_info(model)
     l_tr = int(training_length) if training_length is not None else int(info.context_length)

@@ -1,0 +1,144 @@
+"""Named configurations: the names evaluations, plots, tables and benchmarks store results under.
+
+A name is a small language: a baseline ("lambda", "vanilla", ...), "lambda+top-k", "profile=PATH", or a document
+memory "lambda+memory[:m=N[:c=C]][:passages][:layer]". ``NamedConfig.parse`` reads one (and names a malformed
+part), ``.name`` gives the canonical spelling results are stored under (the memory's m and c always written, since
+the defaults have changed over time), ``.label()`` the human label of tables and plots.
+
+This module imports nothing from the package at import time (the memory's defaults are read from ``config`` only
+when a name leaves them out), so a script that reads results without loading the library may load this file
+alone and call ``NamedConfig.parse(name).label()`` on the stored (canonical) names.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+BASELINES = ("lambda", "vanilla", "context-shift", "window-only", "lambda-only", "ceiling-only", "log-length")
+# retrieval tasks only: the document is read with the Lambda mask, the question adds the top-k middle keys
+TOP_K_CONFIG = "lambda+top-k"
+# retrieval tasks only: the document is read with the bounded Lambda cache and goes to the document memory, the
+# question selects m blocks per KV head and takes the top-5 keys among them (or whole blocks with ":passages")
+MEMORY_CONFIG = "lambda+memory"
+# full attention with a calibration profile's schedule: "profile=" + the profile's path
+PROFILE_CONFIG_PREFIX = "profile="
+# the KV heads of a layer select the same blocks ("lambda+memory:m=64:c=1024:layer")
+MEMORY_LAYER_SUFFIX = ":layer"
+# before ":layer": the question reads every key of the selected blocks in the order of the text (top_k = m * B)
+MEMORY_PASSAGES_SUFFIX = ":passages"
+
+LABELS = {"lambda": "Λ + ceiling", TOP_K_CONFIG: "Λ + top-k (whole cache)", "vanilla": "vanilla (full attention)",
+          "context-shift": "context shift"}
+
+
+@dataclass(frozen=True)
+class NamedConfig:
+    """One named configuration. ``base`` is a baseline, TOP_K_CONFIG, MEMORY_CONFIG or "profile"; the memory's
+    fields are set for MEMORY_CONFIG only, ``profile`` (a path) for "profile" only."""
+
+    base: str
+    profile: Optional[str] = None
+    memory_blocks: Optional[int] = None
+    memory_candidates: Optional[int] = None  # 0: Quest's bound alone selects
+    memory_selection: str = "head"
+    passages: bool = False
+
+    def __post_init__(self) -> None:
+        known = (*BASELINES, TOP_K_CONFIG, MEMORY_CONFIG, "profile")
+        if self.base not in known:
+            raise ValueError(f"configuration {self.base!r}: use one of {', '.join(BASELINES)}, {TOP_K_CONFIG} or "
+                             f"{MEMORY_CONFIG}[:m=N] (passkey, needle) or {PROFILE_CONFIG_PREFIX}PATH")
+        if (self.base == "profile") != bool(self.profile):
+            raise ValueError(f"configuration {self.base!r} with profile={self.profile!r}: a profile path goes with "
+                             f"{PROFILE_CONFIG_PREFIX}PATH only")
+        memory = self.base == MEMORY_CONFIG
+        if memory != (self.memory_blocks is not None) or memory != (self.memory_candidates is not None):
+            raise ValueError(f"configuration {self.base!r}: memory_blocks and memory_candidates are given for "
+                             f"{MEMORY_CONFIG} and only for it")
+        if not memory and (self.passages or self.memory_selection != "head"):
+            raise ValueError(f"configuration {self.base!r}: passages and memory_selection need {MEMORY_CONFIG}")
+        if memory:
+            if self.memory_blocks < 1:
+                raise ValueError(f"configuration {self.name!r}: m must be a whole number >= 1, as in "
+                                 f"{MEMORY_CONFIG}:m=64")
+            if self.memory_candidates != 0 and self.memory_candidates <= self.memory_blocks:
+                raise ValueError(f"configuration {self.name!r}: c must be 0 (the bound selects) or a whole number "
+                                 f"> m")
+            if self.memory_selection not in ("head", "layer"):
+                raise ValueError(f"memory_selection {self.memory_selection!r}: use 'head' or 'layer'")
+
+    @property
+    def is_memory(self) -> bool:
+        return self.base == MEMORY_CONFIG
+
+    @classmethod
+    def is_memory_name(cls, name: str) -> bool:
+        """Whether ``name`` is spelled as a document-memory configuration (malformed or not)."""
+        return name == MEMORY_CONFIG or name.startswith(MEMORY_CONFIG + ":")
+
+    @classmethod
+    def parse(cls, name: str, *, stored: bool = False) -> "NamedConfig":
+        """The configuration a name spells; ValueError names the malformed part and shows a good spelling.
+
+        ``stored``: the name comes from a results file, where a memory without ":c=" was run before the candidates
+        existed (Quest's bound alone selected, c = 0) rather than with today's default c."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"configuration {name!r}: give a name such as lambda or {MEMORY_CONFIG}:m=64")
+        if name.startswith(PROFILE_CONFIG_PREFIX):
+            return cls("profile", profile=name[len(PROFILE_CONFIG_PREFIX):])
+        if not cls.is_memory_name(name):
+            return cls(name)
+        whole, rest = name, name
+        selection, passages = "head", False
+        if rest.endswith(MEMORY_LAYER_SUFFIX):
+            rest, selection = rest[:-len(MEMORY_LAYER_SUFFIX)], "layer"
+        if rest.endswith(MEMORY_PASSAGES_SUFFIX):
+            rest, passages = rest[:-len(MEMORY_PASSAGES_SUFFIX)], True
+        from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
+
+        if rest == MEMORY_CONFIG:
+            m, c = DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS
+            return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
+                       passages=passages)
+        prefix = MEMORY_CONFIG + ":m="
+        if not rest.startswith(prefix):
+            raise ValueError(f"configuration {whole!r}: spell a memory as {MEMORY_CONFIG}[:m=N[:c=C]][:passages]"
+                             f"[:layer], e.g. {prefix}64")
+        m_text, _, c_text = rest[len(prefix):].partition(":c=")
+        if not m_text.isdigit() or int(m_text) < 1:
+            raise ValueError(f"configuration {whole!r}: m must be a whole number >= 1, as in {prefix}64")
+        m = int(m_text)
+        if not c_text:
+            c = 0 if stored else MEMORY_CANDIDATES_PER_BLOCK * m
+        elif not c_text.isdigit() or (int(c_text) != 0 and int(c_text) <= m):
+            raise ValueError(f"configuration {whole!r}: c must be 0 (the bound selects) or a whole number > m, as "
+                             f"in {prefix}{m}:c={MEMORY_CANDIDATES_PER_BLOCK * m}")
+        else:
+            c = int(c_text)
+        return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
+                   passages=passages)
+
+    @property
+    def name(self) -> str:
+        """The canonical name results are stored under (a memory's m and c always written)."""
+        if self.base == "profile":
+            return PROFILE_CONFIG_PREFIX + str(self.profile)
+        if not self.is_memory:
+            return self.base
+        return (f"{MEMORY_CONFIG}:m={self.memory_blocks}:c={self.memory_candidates}"
+                + (MEMORY_PASSAGES_SUFFIX if self.passages else "")
+                + (MEMORY_LAYER_SUFFIX if self.memory_selection == "layer" else ""))
+
+    def label(self, block_size: int = 64) -> str:
+        """The label of tables and plots: "Λ + memory (m = 64, 1024 candidates, B = 64, k = 5)", a profile by its
+        file name, a baseline by its description (its name where it has none)."""
+        if self.base == "profile":
+            return PROFILE_CONFIG_PREFIX + os.path.basename(str(self.profile))
+        if not self.is_memory:
+            return LABELS.get(self.base, self.base)
+        rerank = f", {self.memory_candidates} candidates" if self.memory_candidates else ", bound only"
+        layer = ", per layer" if self.memory_selection == "layer" else ""
+        keys = "whole blocks in text order" if self.passages else "k = 5"
+        return f"Λ + memory (m = {self.memory_blocks}{rerank}{layer}, B = {block_size}, {keys})"

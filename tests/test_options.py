@@ -1,0 +1,50 @@
+"""The attention options and the configuration names, each declared once: run's flags and serve's settings come
+from options.OPTIONS, and every configuration name goes through names.NamedConfig."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_run_flags_and_serve_settings_are_derived_from_one_declaration():
+    pytest.importorskip("llama_cpp.server")
+    from llama_extrapolate import cli, server
+    from llama_extrapolate.options import OPTIONS
+
+    run = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["run"]._actions
+               if a.dest == "memory_selection")
+    assert run.choices == list(OPTIONS["memory_selection"].choices)
+    fields = server.ExtrapolateModelSettings.model_fields
+    for name, spec in OPTIONS.items():
+        assert fields[name].default == spec.default, name
+        assert cli.build_parser().parse_args(["run", "--file", "F"]).__dict__[name] == spec.default, name
+    with pytest.raises(ValueError, match="greater than or equal to 32"):
+        server.ExtrapolateModelSettings(memory_block_size=16)
+
+
+def test_options_name_a_bad_value_and_a_missing_companion():
+    from llama_extrapolate.options import AttentionOptions
+
+    with pytest.raises(ValueError, match="--memory-selection 'row': choose one of head, layer"):
+        AttentionOptions(memory_selection="row")
+    with pytest.raises(ValueError, match="--top-k '5': give a whole number"):
+        AttentionOptions(top_k="5")
+
+
+@pytest.mark.parametrize("name", ["lambda", "vanilla", "lambda+top-k", "profile=/x/p.json",
+                                  "lambda+memory:m=16:c=0", "lambda+memory:m=64:c=1024:passages:layer"])
+def test_canonical_names_read_back_as_themselves(name):
+    from llama_extrapolate.names import NamedConfig
+
+    assert NamedConfig.parse(name).name == name
+
+
+def test_labels_of_stored_names():
+    from llama_extrapolate.names import NamedConfig
+
+    assert NamedConfig.parse("lambda+memory:m=16", stored=True).label() == "Λ + memory (m = 16, bound only, B = 64, k = 5)"
+    assert NamedConfig.parse("lambda+memory:m=64:c=1024:passages:layer").label() == (
+        "Λ + memory (m = 64, 1024 candidates, per layer, B = 64, whole blocks in text order)")
+    assert NamedConfig.parse("profile=/x/p.json").label() == "profile=p.json"
+    with pytest.raises(ValueError, match="spell a memory as lambda\\+memory"):
+        NamedConfig.parse("lambda+memory:x")
