@@ -99,8 +99,8 @@ def ask(llm, question, store: str | None, hold: bool = False) -> dict:
 def run(args) -> None:
     import llama_extrapolate as le
     from llama_extrapolate import native
-    from llama_extrapolate.corpora import paul_graham_essays
-    from llama_extrapolate.evaluate import memory_config_name, setup_for
+    from llama_extrapolate.harness.corpora import paul_graham_essays
+    from llama_extrapolate.harness.evaluate import memory_config_name, setup_for
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
 
     sys.path.insert(0, str(HERE))

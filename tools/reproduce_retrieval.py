@@ -33,7 +33,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("-o", "--output", type=Path, required=True, help="the comparison, JSON")
     args = ap.parse_args(argv)
 
-    from llama_extrapolate import tasks
+    from llama_extrapolate.harness import tasks
     from llama_extrapolate.default_model import default_model_path
     from llama_extrapolate.registry_models import model_path
 
