@@ -38,18 +38,18 @@ MEMORY_SELECTIONS = ("head", "layer")
 DEFAULT_MEMORY_BLOCK = 64
 # blocks each KV head selects where `run`, `serve` and the benchmarks switch the memory on by default: 64 finds more
 # needles in essays than 16 (SmolLM2, W = 1024, 2 trials x 5 depths: 8/10 at 8k and 6/10 at 16k against 2/10 and
-# 1/10) and as many pass keys; since patch 0023 the selected blocks take no cells of the cache (peak RSS at 16k,
+# 1/10) and as many pass keys; since the earlier series' patch 0023 the selected blocks take no cells of the cache (peak RSS at 16k,
 # W = 8192: 1.03x the bounded stream; docs/results.md)
 DEFAULT_MEMORY_BLOCKS = 64
-# the bound proposes this many times m blocks, of which the m with the largest exact q.k are selected (patch 0026):
+# the bound proposes this many times m blocks, of which the m with the largest exact q.k are selected (patch 0012):
 # the bound alone lets blocks of scattered keys crowd the needle's block out as the document grows (the needle's
 # block selected by 63 and 53 of 75 layer/KV-head pairs at 16k and 32k tokens with m = 64, and both answers lost;
 # reranking 4m candidates: 73 and 64 pairs, both found). At 32k 4m still lose it: the needle in essays, two trials
 # per depth, 4 of 10 with 4m and 7 of 10 with 16m; a decode step with the memory opened for 128k tokens (W = 1024)
-# takes 113 ms with the bound alone, 144 ms with 4m and 232 ms with 16m since patch 0029 (docs/results.md)
+# takes 113 ms with the bound alone, 144 ms with 4m and 232 ms with 16m since the earlier series' patch 0029 (docs/results.md)
 MEMORY_CANDIDATES_PER_BLOCK = 16
 # the question takes LM-Infinite's 5 best keys of the memory's selected blocks, or with passages every key of the m
-# blocks in the order of the text (patch 0012's mode, on when top_k >= m*B)
+# blocks in the order of the text (patch 0012's passages mode, on when top_k >= m*B)
 DEFAULT_MEMORY_TOP_K = 5
 
 
@@ -434,7 +434,7 @@ class AttentionConfig:
         if info.no_global_attention and (
                 np.any(np.asarray(self.temperature) != 1.0) or self.temperature_schedule == "log-length"
                 or self.temperature_points is not None):
-            # every layer would keep tau = 1 and the temperature be silently gone (patch 0040 refuses it in C)
+            # every layer would keep tau = 1 and the temperature be silently gone (patch 0014 refuses it in C)
             raise ValueError(f"temperature={self.temperature!r}: the softmax temperature is not supported with a "
                              "model without a global attention layer (every attention layer is sliding-window), whose "
                              "layers all keep tau = 1; use temperature=1 and no schedule")

@@ -82,7 +82,7 @@ class Llama(llama_cpp.Llama):
             self.attention_resolved.check_context(n_ctx, n_ubatch)
             learned = self.model_info.position_encoding == "learned"
             if learned and n_ctx > self.model_info.context_length:
-                # the text would reach positions the embeddings have no row for (patch 0041 refuses the batch;
+                # the text would reach positions the embeddings have no row for (patch 0014 refuses the batch;
                 # unpatched llama.cpp aborted the process)
                 raise ValueError(f"n_ctx={n_ctx}: {self.model_info.architecture} has learned absolute position "
                                  f"embeddings, one per position up to its context length "
@@ -452,7 +452,7 @@ class Llama(llama_cpp.Llama):
 
     def save_state(self) -> llama_cpp.LlamaState:
         """llama-cpp-python's state, exact for a Lambda stream too: the library's state carries the
-        re-basing offsets of the window (patch 0016), and the id history keeps its absolute positions."""
+        re-basing offsets of the window (patch 0007), and the id history keeps its absolute positions."""
         if self.vocab_only:
             raise ValueError("save_state: this Llama was loaded with vocab_only=True (tokenizer only, no cache); "
                              "load it without vocab_only")

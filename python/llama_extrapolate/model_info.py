@@ -79,7 +79,7 @@ class ModelInfo:
     @property
     def no_global_attention(self) -> bool:
         """Sliding-window layers, and every layer either one or recurrent: the Lambda window, its ceiling and the
-        temperature, which act on the global layers, have none to act on (patch 0040 refuses them)."""
+        temperature, which act on the global layers, have none to act on (patch 0014 refuses them)."""
         return bool(self.swa_layers) and set(range(self.block_count)) <= set(self.swa_layers) | set(
             self.recurrent_layers or ())
 
@@ -225,7 +225,7 @@ def _attention_keys(arch: str) -> dict:
 
 
 # why a model takes no Lambda window whatever its layers (AttentionConfig.resolve's refusals, llama.cpp's at load:
-# patches 0041 and 0042)
+# patch 0014)
 LEARNED_POSITIONS = "learned absolute position embeddings (none past the training length)"
 ENCODER_MODEL = "an encoder model (T5: its encoder reads the whole input at once, which the Lambda window does not bound)"
 
@@ -243,12 +243,12 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     # layers (those keep their own window); the top-k keys and the memory select among one cache for every layer
     swa = "sliding-window layers" if info.swa_layers else None
     # a model of recurrent layers only has no attention to act on; a hybrid one caches its attention layers apart,
-    # and they take every knob (the document memory stores their keys, patch 0043)
+    # and they take every knob (the document memory stores their keys, patch 0012)
     recurrent = None
     if info.recurrent_layers and len(info.recurrent_layers) == info.block_count:
         recurrent = "a recurrent model (it has no attention layers)"
     # the Lambda window, its ceiling and the temperature act on the global layers: with every attention layer
-    # sliding-window (LFM2 with a window, a layer pattern without a global layer) there is none (patch 0040)
+    # sliding-window (LFM2 with a window, a layer pattern without a global layer) there is none (patch 0014)
     no_global = None
     if info.no_global_attention and not recurrent:
         no_global = "a model without a global attention layer (every attention layer is sliding-window)"
@@ -268,7 +268,7 @@ def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
     memory = rotated
     if info.position_encoding not in MEMORY_POSITION_ENCODINGS:
         memory = "no RoPE or ALiBi, through which the document memory scores its keys at a bounded distance"
-    # the temperature divides the logits; terms the softmax adds beside them it would not reach (patch 0018)
+    # the temperature divides the logits; terms the softmax adds beside them it would not reach (patch 0009)
     temperature = None
     if info.learned_sinks:
         temperature = "learned attention sinks (a logit per head that the temperature would not divide)"

@@ -161,7 +161,7 @@ def get_top_k(ctx: int) -> Tuple[int, int, int]:
     return tuple(int(x) for x in _core.get_top_k(ctx))
 
 
-# --- document memory (patch 0010) -------------------------------------------------------------------
+# --- document memory (patch 0012) -------------------------------------------------------------------
 def memory_open(ctx: int, path: Optional[str], directory: Optional[str], keep: bool, type_id: int,
                 capacity: int) -> None:
     """Open the memory's store (the library's reason, e.g. an unwritable path or a full disk, is the ValueError)."""
@@ -199,7 +199,7 @@ def memory_last_error(ctx: int) -> str:
     return str(_core.memory_last_error(ctx))
 
 
-# --- attention statistics (patch 0009) -----------------------------------------------------------
+# --- attention statistics (patch 0010) -----------------------------------------------------------
 def stats_bin_lower() -> np.ndarray:
     """Smallest query-key distance of each distance bin."""
     return np.asarray(_core.stats_bin_lower(), dtype=np.int64)

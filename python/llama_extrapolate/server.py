@@ -340,7 +340,7 @@ def llama_server_args(settings: ExtrapolateSettings) -> List[str]:
     """The command line (after the binary) that runs llama.cpp's own ``llama-server``, built from the patched tree,
     with the attention these settings give ``serve``: the attention as ``--override-kv`` metadata (the library reads
     it at load), the cache sized for it, one slot (a stream serves one request at a time), the document memory's
-    and the question's options (patch 0014). Settings that metadata cannot carry are refused, not dropped."""
+    and the question's options (patch 0015). Settings that metadata cannot carry are refused, not dropped."""
     built = attention_settings(settings)
     info, resolved = built["info"], built["resolved"]
     if resolved.points_lengths or not np.all(resolved.temperature == resolved.temperature.flat[0]):

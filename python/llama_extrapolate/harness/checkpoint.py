@@ -2,7 +2,7 @@
 
 A 64k-token NLL run with full attention takes an hour on two cores; without a checkpoint an interruption
 means starting again from token 0. A checkpoint is the library's own state file (the KV cache, and with
-Lambda attention the position re-basing, patch 0016) written by llama.cpp tensor by tensor, so the state
+Lambda attention the position re-basing, patch 0007) written by llama.cpp tensor by tensor, so the state
 never sits in Python memory (it would show in the peak RSS a run reports), plus a small ``.npz`` with the
 scores so far and what they belong to. The ``.npz`` is written last and names the state file's size: a
 checkpoint whose two halves do not match is ignored, not half-loaded.

@@ -1,4 +1,4 @@
-"""Attention statistics, reduced inside llama.cpp while it decodes (patch 0009).
+"""Attention statistics, reduced inside llama.cpp while it decodes (patch 0010).
 
 Calibration (attention alignment's Algorithm 1) needs the mean maximum
 probability and entropy of every softmax row; its Propositions 1-2 need the
