@@ -656,6 +656,14 @@ def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_p
     assert rc == 0, out.err
     assert "68512" in out.out, out.out
     assert "memory" in out.err and "selected per head" in out.err and "MiB on disk" in out.err
+    # said before the reading: the store's reservation, and that the answer holds the question's blocks (default)
+    assert "GiB reserved on disk for" in out.err and "KiB a token, q8_0" in out.err, out.err
+    assert "the answer holds the blocks its question selected" in out.err, out.err
+    rc = cli.main(["run", "--file", str(doc), "--prompt", question, "--window", "1024", "--no-chat",
+                   "--max-tokens", "16", "--threads", "2", "--memory-answer", "select"])
+    out = capsys.readouterr()
+    assert rc == 0 and "68512" in out.out, out.out
+    assert "the answer selects blocks at every token" in out.err, out.err
     # 64 blocks per head where the document has 26 behind the window: all of them (before patch 0019 the memory
     # stayed shut below m blocks and this answer was the plain window's)
     rc = cli.main(["run", "--file", str(doc), "--prompt", question, "--window", "1024", "--no-chat",
@@ -811,6 +819,52 @@ def test_an_answer_holds_the_blocks_its_question_selected(tiny):
     assert err < TOL, f"max |llama.cpp (hold) - oracle given the question's blocks| = {err}"
 
 
+def test_memory_answer_hold_holds_the_questions_blocks_by_itself(tiny):
+    """Llama(memory_answer="hold") keeps what a decode of two or more tokens selects and holds it for one-token
+    decodes: the same logits as the hand-held answer (answer_steps), and a one-token decode before any selection
+    (the middle keys off while the document is read) selects instead of failing."""
+    model, path, tokens = tiny
+    q_end = QUESTION + 20
+    by_hand = make_llm(path, memory_config())
+    try:
+        want, _ = answer_steps(by_hand, tokens, q_end, "hold")
+    finally:
+        by_hand.close()
+    auto = make_llm(path, memory_config(), memory_answer="hold")
+    try:
+        auto.eval(tokens[:QUESTION])
+        auto.set_top_k_active(True)
+        auto.eval(tokens[QUESTION:q_end])
+        kept = {il: auto.memory_selection(il) for il in range(H0, model.n_layer)}
+        for i in range(q_end, N_TOKENS):
+            auto.eval(tokens[i:i + 1])
+            for il in kept:
+                np.testing.assert_array_equal(auto.memory_selection(il), kept[il])
+        got = np.asarray(auto.scores[:N_TOKENS], dtype=np.float64)
+        info = auto.memory_info()
+        assert auto.memory_disk_bytes(info["n_blocks"] * B) == info["bytes_on_disk"], info
+        assert auto.memory_disk_bytes() == 4096 + auto.memory_capacity // B * (info["bytes_on_disk"] - 4096) // \
+            info["n_blocks"]
+        auto.reset()  # a new stream holds nothing: its one-token decodes select, the middle keys off or on
+        auto.set_top_k_active(False)
+        auto.eval(tokens[:1])
+        auto.set_top_k_active(True)
+        auto.eval(tokens[1:2])
+    finally:
+        auto.close()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_memory_answer_is_checked(tiny):
+    from llama_extrapolate import AttentionConfig
+
+    model, path, tokens = tiny
+    with pytest.raises(ValueError, match="memory_answer='freeze': use 'select'"):
+        make_llm(path, memory_config(), memory_answer="freeze")
+    with pytest.raises(ValueError, match="memory_answer='hold' needs the document memory"):
+        tiny_llm(path, AttentionConfig(sinks=S, window=W), memory_answer="hold")
+
+
 def test_hold_modes_are_checked(tiny):
     """A hold before any kept selection, an unknown mode and a model without the memory are refused, named."""
     from llama_extrapolate import AttentionConfig
@@ -855,6 +909,8 @@ def test_a_quantized_store_keeps_its_region_in_q8_0(tmp_path):
             before = llm.memory_info()["bytes_in_ram"]
             runs[mode] = answer_steps(llm, tokens, q_end, mode)
             runs[mode + "_ram"] = llm.memory_info()["bytes_in_ram"] - before
+            info = llm.memory_info()  # what run reports before reading is what the store takes
+            assert llm.memory_disk_bytes(info["n_blocks"] * B) == info["bytes_on_disk"], info
         finally:
             llm.close()
     n_stored = model.n_layer - H0

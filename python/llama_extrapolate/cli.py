@@ -221,10 +221,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                n_ctx=args.n_ctx)
     memory = {}
     if resolved.memory:
-        from .options import memory_type_for
+        from .options import AttentionOptions, memory_type_for
 
         memory_type = args.memory_type or memory_type_for(info)
         memory = dict(memory_path=args.memory_file, memory_keep=args.keep_memory, memory_type=memory_type,
+                      memory_answer=AttentionOptions.of(args).memory_answer_or_default(),
                       memory_capacity=reader.memory_capacity(resolved, info, document, args.prompt,
                                                              max_tokens=args.max_tokens))
     elif args.memory_file is not None or args.keep_memory:
@@ -236,6 +237,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     llm = Llama(model, attention=attention, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                 verbose=False, **thread_counts(args.threads), **memory)
     try:
+        if resolved.memory and not args.quiet:
+            # what the reading will take, said before it starts (the file is reserved: a disk too small was refused)
+            store, per_token = llm.memory_disk_bytes(), llm.memory_disk_bytes(2**20) / 2**20
+            print(f"[document memory: {store / 2**30:.2f} GiB reserved on disk for {llm.memory_capacity} tokens "
+                  f"({per_token / 1024:.1f} KiB a token, {memory['memory_type']}), "
+                  f"{llm.memory_info()['bytes_in_ram'] / 2**20:.0f} MiB of RAM; the answer "
+                  + ("holds the blocks its question selected]" if llm.memory_answer == "hold" else
+                     "selects blocks at every token]"), file=sys.stderr)
         t0 = time.perf_counter()
         n_out = 0
         for piece in reader.answer(llm, document, args.prompt, max_tokens=args.max_tokens,
@@ -449,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="temperature of the sampling of the answer (0 = greedy); the softmax temperature of the "
                         "attention comes from --profile")
     add_flags(r, ["ceiling", "top_k", "top_k_layer", "top_k_distance", "memory_blocks", "memory_block_size",
-                  "memory_candidates", "passages", "memory_selection"])
+                  "memory_candidates", "passages", "memory_selection", "memory_answer"])
     r.add_argument("--memory-file", help="the memory's file (default: an anonymous temporary file)")
     r.add_argument("--keep-memory", action="store_true", help="keep --memory-file after the run")
     add_flags(r, ["memory_type", "profile", "profile_mode"])

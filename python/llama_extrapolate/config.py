@@ -51,6 +51,11 @@ MEMORY_CANDIDATES_PER_BLOCK = 16
 # the question takes LM-Infinite's 5 best keys of the memory's selected blocks, or with passages every key of the m
 # blocks in the order of the text (patch 0012's passages mode, on when top_k >= m*B)
 DEFAULT_MEMORY_TOP_K = 5
+# what `run` and `serve` answer with: "hold", the blocks the question selected (Llama(memory_answer=...)). At
+# Llama-2-7B's KV shapes an answer token costs 0.15 s holding them against 3.05 s selecting anew (the same reading,
+# 128k capacity; docs/results.md), and the answers held are those selected (RETRIEVAL_NOTE below)
+MEMORY_ANSWER_MODES = ("select", "hold")
+DEFAULT_MEMORY_ANSWER = "hold"
 
 
 def memory_question_top_k(blocks: int, block_size: int, passages: bool) -> int:

@@ -30,6 +30,8 @@ UNBOUNDED_CONTEXT = 2**31 - 1
 # tokens the document memory holds when the caller does not say (its file is reserved for them: ~12 KB a token
 # for SmolLM2 at q8_0)
 DEFAULT_MEMORY_CAPACITY = 131072
+# the store file's header, before its first block's record
+STORE_HEADER_BYTES = 4096
 
 
 
@@ -61,7 +63,7 @@ class Llama(llama_cpp.Llama):
     def __init__(self, model_path: str, *args: Any, attention: Optional[AttentionConfig] = None,
                  memory_path: Optional[str] = None, memory_dir: Optional[str] = None, memory_keep: bool = False,
                  memory_type: str = "q8_0", memory_capacity: Optional[int] = None,
-                 question_tokens: Optional[int] = None, **kwargs: Any) -> None:
+                 question_tokens: Optional[int] = None, memory_answer: str = "select", **kwargs: Any) -> None:
         self.tokens_decoded = 0  # every token eval decoded, prompts and answers
         self.last_prompt: Optional[PromptReport] = None
         self.memory_capacity: Optional[int] = None  # tokens the document memory holds, once it is open
@@ -71,6 +73,8 @@ class Llama(llama_cpp.Llama):
         self.model_info = read_model_info(model_path)
         self.attention_resolved: ResolvedAttention = self.attention.resolve(self.model_info)
         self.question_tokens = self._check_question_tokens(question_tokens)
+        self.memory_answer = self._check_memory_answer(memory_answer)
+        self._held_at: Optional[int] = None  # the stream's length when the kept blocks were selected
 
         if args:
             raise TypeError("pass llama_cpp.Llama options by keyword (n_ctx=..., n_batch=...)")
@@ -152,6 +156,27 @@ class Llama(llama_cpp.Llama):
             self._n_ctx = UNBOUNDED_CONTEXT
             self._guard_rollbacks()
 
+    def _check_memory_answer(self, mode: str) -> str:
+        """``memory_answer``: "select" (every decode selects the memory's blocks anew) or "hold" (a decode of two
+        or more tokens, a document's chunk or a question, selects them and keeps them; a decode of one token, an
+        answer's, attends to the kept ones). An answer token then costs what the kept blocks cost, not a selection
+        over the document: at Llama-2-7B's shapes 0.15 s instead of 3 s (docs/memory.md)."""
+        if mode not in ("select", "hold"):
+            raise ValueError(f"memory_answer={mode!r}: use 'select' (each answer token selects the memory's blocks) "
+                             "or 'hold' (the answer attends to the blocks its question selected)")
+        if mode == "hold" and not self.attention_resolved.memory:
+            raise ValueError("memory_answer='hold' needs the document memory: use AttentionConfig(memory_blocks=64, "
+                             "...), or leave memory_answer='select'")
+        return mode
+
+    def _set_memory_hold_for(self, n_tokens: int) -> str:
+        """The hold mode of a decode of ``n_tokens`` under memory_answer="hold": one token after a selection that
+        is still in the stream holds it; anything else selects and keeps."""
+        held = self._held_at is not None and self.n_tokens >= self._held_at
+        mode = "hold" if n_tokens == 1 and held else "keep"
+        native.memory_set_hold(self._attention_context("eval"), mode)
+        return mode
+
     def _check_question_tokens(self, n: Optional[int]) -> Optional[int]:
         """``question_tokens``: the middle keys (top_k_scope="question") are switched on for the last n tokens of
         every prompt and for the answer, so that llama-cpp-python's own completion calls (and the server) use
@@ -200,6 +225,22 @@ class Llama(llama_cpp.Llama):
         if not self.attention_resolved.memory:
             raise ValueError("memory_info: this model was loaded without the document memory (memory_blocks=0)")
         return native.memory_info(self._attention_context("memory_info"))
+
+    def memory_disk_bytes(self, tokens: Optional[int] = None) -> int:
+        """The store's bytes for ``tokens`` (default: the capacity its file reserved): the keys and values of every
+        stored layer and KV head in the store's type, whole blocks, and the file's header. ``run`` says it before
+        reading: at Llama-2-7B's shapes in q8_0 it is 235 KB a token, 30 GB for 128k tokens."""
+        from .config import MEMORY_TYPES
+
+        mi = self.memory_info()
+        per_value = {MEMORY_TYPES["q8_0"]: 34 / 32, MEMORY_TYPES["q4_0"]: 18 / 32, MEMORY_TYPES["f16"]: 2,
+                     MEMORY_TYPES["f32"]: 4}[mi["type"]]
+        layers = [il for il in range(mi["layer_first"], self.model_info.block_count)
+                  if il not in self.model_info.recurrent_layers]
+        n = self.memory_capacity if tokens is None else int(tokens)
+        blocks = -(-n // mi["n_block"])
+        record = len(layers) * mi["n_kv"] * 2 * mi["n_block"] * mi["head_dim"] * per_value
+        return STORE_HEADER_BYTES + int(blocks * record)
 
     def memory_hold(self, mode: str) -> None:
         """What the next decodes do with the blocks the memory selects: "select" (each decode selects and reads its
@@ -357,14 +398,20 @@ class Llama(llama_cpp.Llama):
         """Decode tokens; with a window, the stream may grow past n_ctx (the cache stays bounded). With
         ``question_tokens`` the last ones of the call read with the middle keys, the rest without."""
         tokens = list(tokens)
+        hold = self.memory_answer == "hold" and bool(tokens) and not self.vocab_only
+        if hold and self._set_memory_hold_for(len(tokens)) == "keep":
+            self._held_at = None  # until the decode has kept its selection
         if self.question_tokens is None or self.vocab_only:
-            return self._eval(tokens)
-        split = max(0, len(tokens) - self.question_tokens)
-        if split > 0:
-            self.set_top_k_active(False)
-            self._eval(tokens[:split])
-        self.set_top_k_active(True)
-        self._eval(tokens[split:])
+            self._eval(tokens)
+        else:
+            split = max(0, len(tokens) - self.question_tokens)
+            if split > 0:
+                self.set_top_k_active(False)
+                self._eval(tokens[:split])
+            self.set_top_k_active(True)
+            self._eval(tokens[split:])
+        if hold and self._held_at is None and self.top_k_state[0] > 0:
+            self._held_at = self.n_tokens  # (the memory selects only for the middle keys: not while they are off)
 
     def generate(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:
         """llama-cpp-python's generation, recording in ``last_prompt`` how much of the prompt was read."""
@@ -428,6 +475,7 @@ class Llama(llama_cpp.Llama):
 
     def reset(self) -> None:
         super().reset()
+        self._held_at = None
         if isinstance(self.input_ids, TokenHistory):
             self.input_ids.reset()
 
@@ -473,6 +521,7 @@ class Llama(llama_cpp.Llama):
                              "(it came from a Llama with another attention); load it into a Llama with the same "
                              "attention")
         super().load_state(state)
+        self._held_at = None  # the kept blocks were another stream's
         if history is not None:
             self.input_ids = history
 

@@ -1,7 +1,7 @@
 """Named configurations: the names evaluations, plots, tables and benchmarks store results under.
 
 A name is a small language: a baseline ("lambda", "vanilla", ...), "lambda+top-k", "profile=PATH", or a document
-memory "lambda+memory[:m=N[:c=C]][:passages][:layer]". ``NamedConfig.parse`` reads one (and names a malformed
+memory "lambda+memory[:m=N[:c=C]][:passages][:layer][:hold]". ``NamedConfig.parse`` reads one (and names a malformed
 part), ``.name`` gives the canonical spelling results are stored under (the memory's m and c always written, since
 the defaults have changed over time), ``.label()`` the human label of tables and plots.
 
@@ -28,6 +28,9 @@ PROFILE_CONFIG_PREFIX = "profile="
 MEMORY_LAYER_SUFFIX = ":layer"
 # before ":layer": the question reads every key of the selected blocks in the order of the text (top_k = m * B)
 MEMORY_PASSAGES_SUFFIX = ":passages"
+# last of all: the answer attends to the blocks its question selected (Llama.memory_hold) instead of selecting anew
+# at every answer token
+MEMORY_HOLD_SUFFIX = ":hold"
 
 LABELS = {"lambda": "Λ + ceiling", TOP_K_CONFIG: "Λ + top-k (whole cache)", "vanilla": "vanilla (full attention)",
           "context-shift": "context shift"}
@@ -44,6 +47,7 @@ class NamedConfig:
     memory_candidates: Optional[int] = None  # 0: Quest's bound alone selects
     memory_selection: str = "head"
     passages: bool = False
+    hold: bool = False
 
     def __post_init__(self) -> None:
         known = (*BASELINES, TOP_K_CONFIG, MEMORY_CONFIG, "profile")
@@ -57,8 +61,9 @@ class NamedConfig:
         if memory != (self.memory_blocks is not None) or memory != (self.memory_candidates is not None):
             raise ValueError(f"configuration {self.base!r}: memory_blocks and memory_candidates are given for "
                              f"{MEMORY_CONFIG} and only for it")
-        if not memory and (self.passages or self.memory_selection != "head"):
-            raise ValueError(f"configuration {self.base!r}: passages and memory_selection need {MEMORY_CONFIG}")
+        if not memory and (self.passages or self.memory_selection != "head" or self.hold):
+            raise ValueError(f"configuration {self.base!r}: passages, memory_selection and hold need "
+                             f"{MEMORY_CONFIG}")
         if memory:
             if self.memory_blocks < 1:
                 raise ValueError(f"configuration {self.name!r}: m must be a whole number >= 1, as in "
@@ -91,7 +96,9 @@ class NamedConfig:
         if not cls.is_memory_name(name):
             return cls(name)
         whole, rest = name, name
-        selection, passages = "head", False
+        selection, passages, hold = "head", False, False
+        if rest.endswith(MEMORY_HOLD_SUFFIX):
+            rest, hold = rest[:-len(MEMORY_HOLD_SUFFIX)], True
         if rest.endswith(MEMORY_LAYER_SUFFIX):
             rest, selection = rest[:-len(MEMORY_LAYER_SUFFIX)], "layer"
         if rest.endswith(MEMORY_PASSAGES_SUFFIX):
@@ -101,11 +108,11 @@ class NamedConfig:
         if rest == MEMORY_CONFIG:
             m, c = DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS
             return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
-                       passages=passages)
+                       passages=passages, hold=hold)
         prefix = MEMORY_CONFIG + ":m="
         if not rest.startswith(prefix):
             raise ValueError(f"configuration {whole!r}: spell a memory as {MEMORY_CONFIG}[:m=N[:c=C]][:passages]"
-                             f"[:layer], e.g. {prefix}64")
+                             f"[:layer][:hold], e.g. {prefix}64")
         m_text, _, c_text = rest[len(prefix):].partition(":c=")
         if not m_text.isdigit() or int(m_text) < 1:
             raise ValueError(f"configuration {whole!r}: m must be a whole number >= 1, as in {prefix}64")
@@ -118,7 +125,7 @@ class NamedConfig:
         else:
             c = int(c_text)
         return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
-                   passages=passages)
+                   passages=passages, hold=hold)
 
     @property
     def name(self) -> str:
@@ -129,7 +136,8 @@ class NamedConfig:
             return self.base
         return (f"{MEMORY_CONFIG}:m={self.memory_blocks}:c={self.memory_candidates}"
                 + (MEMORY_PASSAGES_SUFFIX if self.passages else "")
-                + (MEMORY_LAYER_SUFFIX if self.memory_selection == "layer" else ""))
+                + (MEMORY_LAYER_SUFFIX if self.memory_selection == "layer" else "")
+                + (MEMORY_HOLD_SUFFIX if self.hold else ""))
 
     def label(self, block_size: int = 64) -> str:
         """The label of tables and plots: "Λ + memory (m = 64, 1024 candidates, B = 64, k = 5)", a profile by its
@@ -141,4 +149,5 @@ class NamedConfig:
         rerank = f", {self.memory_candidates} candidates" if self.memory_candidates else ", bound only"
         layer = ", per layer" if self.memory_selection == "layer" else ""
         keys = "whole blocks in text order" if self.passages else "k = 5"
-        return f"Λ + memory (m = {self.memory_blocks}{rerank}{layer}, B = {block_size}, {keys})"
+        hold = ", answer holds the question's blocks" if self.hold else ""
+        return f"Λ + memory (m = {self.memory_blocks}{rerank}{layer}, B = {block_size}, {keys}{hold})"

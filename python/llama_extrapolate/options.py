@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .model_info import ModelInfo
 
 MEMORY_TYPE_CHOICES = ("q8_0", "q4_0", "f16", "f32")
+MEMORY_ANSWER_CHOICES = ("select", "hold")
 MEMORY_SELECTION_CHOICES = ("head", "layer")
 PROFILE_MODE_CHOICES = ("pmax", "entropy")
 
@@ -79,6 +80,11 @@ def _specs() -> Dict[str, OptionSpec]:
                    "who selects the blocks: each KV head its own (head, the default) or the layer, whose KV "
                    "heads then read the same blocks (a block's score is its largest over them)",
                    choices=MEMORY_SELECTION_CHOICES),
+        OptionSpec("memory_answer", str,
+                   "what the answer attends to in the memory: the blocks its question selected (hold, the default: "
+                   "an answer token then costs what those blocks cost, whatever the document's length) or blocks "
+                   "each answer token selects anew (select: a scan of the candidates at every token)",
+                   choices=MEMORY_ANSWER_CHOICES),
         OptionSpec("memory_type", str, "how the memory stores keys and values (default q8_0, f16 for heads not "
                                        "a multiple of 32)", choices=MEMORY_TYPE_CHOICES),
         OptionSpec("profile", str, "calibration profile: softmax temperature schedule tau(p)"),
@@ -125,6 +131,7 @@ class AttentionOptions:
     memory_candidates: Optional[int] = None
     passages: bool = False
     memory_selection: Optional[str] = None
+    memory_answer: Optional[str] = None
     memory_type: Optional[str] = None
     profile: Optional[str] = None
     profile_mode: str = "pmax"
@@ -194,7 +201,8 @@ class AttentionOptions:
                 overrides.update(memory_candidates=self.memory_candidates)
             if self.memory_selection is not None:
                 overrides.update(memory_selection=self.memory_selection)
-        elif (flag := next((f for f in ("memory_candidates", "memory_selection", "memory_block_size", "passages")
+        elif (flag := next((f for f in ("memory_candidates", "memory_selection", "memory_block_size", "passages",
+                                        "memory_answer")
                             if getattr(self, f) not in (None, False)), None)) is not None:
             value = "" if flag == "passages" else f" {getattr(self, flag)}"
             raise ValueError(f"{OPTIONS[flag].flag}{value} without the document memory: it says how "
@@ -212,6 +220,12 @@ class AttentionOptions:
             prof.check_model(info.path)
             overrides.update(prof.temperature_fields(self.profile_mode))
         return AttentionConfig.from_model(info, **overrides)
+
+    def memory_answer_or_default(self) -> str:
+        """What the answer attends to in the memory: the mode given, else config.DEFAULT_MEMORY_ANSWER."""
+        from .config import DEFAULT_MEMORY_ANSWER
+
+        return self.memory_answer or DEFAULT_MEMORY_ANSWER
 
     def memory_type_on(self, info: "ModelInfo") -> str:
         """The memory's storage type: the one given, else the one the model's head size allows (memory_type_for)."""

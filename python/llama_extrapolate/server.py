@@ -105,7 +105,8 @@ def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
     resolved = attention.resolve(info)
     kwargs: Dict[str, Any] = dict(attention=attention)
     if resolved.memory:
-        kwargs.update(memory_type=options.memory_type_on(info), memory_dir=settings.memory_dir,
+        kwargs.update(memory_type=options.memory_type_on(info), memory_answer=options.memory_answer_or_default(),
+                      memory_dir=settings.memory_dir,
                       memory_capacity=settings.memory_capacity)
     elif settings.memory_type is not None or settings.memory_dir is not None:
         raise ValueError("memory_type/memory_dir with the document memory off: drop them, or set memory_blocks")
@@ -358,6 +359,9 @@ def llama_server_args(settings: ExtrapolateSettings) -> List[str]:
     args += ["--override-kv", ",".join(f"{key}={override_kv_value(value)}"
                                        for key, value in resolved.kv_overrides(info.architecture).items())]
     kwargs = built["kwargs"]
+    if resolved.memory and settings.memory_answer == "hold":
+        raise ValueError("memory_answer=hold with --llama_server: llama.cpp's server selects the memory's blocks at "
+                         "every answer token; use `llama-extrapolate serve` without --llama_server to hold them")
     if resolved.memory:
         args += ["--memory-capacity", str(kwargs["memory_capacity"]), "--memory-type", kwargs["memory_type"]]
         if kwargs.get("memory_dir"):

@@ -187,6 +187,7 @@ class MemorySettings(NamedTuple):
     candidates: int  # c (0: the bound selects)
     selection: str = "head"  # see config.MEMORY_SELECTIONS
     passages: bool = False  # every key of the selected blocks, in the order of the text
+    hold: bool = False  # the answer attends to the blocks its question selected
 
 
 def memory_config_name(name: str) -> str:
@@ -198,12 +199,13 @@ def memory_config_name(name: str) -> str:
 
 
 def memory_settings_of(name: str) -> Optional[MemorySettings]:
-    """(m, c, selection, passages) of a document-memory configuration name (NamedConfig.parse); None for any other
+    """(m, c, selection, passages, hold) of a document-memory configuration name (NamedConfig.parse); None for any other
     name. ValueError names a malformed m or c."""
     if not NamedConfig.is_memory_name(name):
         return None
     named = NamedConfig.parse(name)
-    return MemorySettings(named.memory_blocks, named.memory_candidates, named.memory_selection, named.passages)
+    return MemorySettings(named.memory_blocks, named.memory_candidates, named.memory_selection, named.passages,
+                          named.hold)
 
 
 def memory_blocks_of(name: str) -> Optional[int]:

@@ -24,6 +24,7 @@ from .. import native
 from ..jsonfile import read_json_if, write_json_atomic, writes_one_file
 from ..native import load_tokenizer
 from ..reader import common_prefix  # noqa: F401 (tasks.common_prefix is what callers used)
+from ..names import NamedConfig
 
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                  "I will quiz you about the important information there.")
@@ -129,14 +130,17 @@ def llama_detok(tokenize, ids, sample: str) -> str:
 class Stream(native.Stream):
     """Greedy decoding of one prompt on a raw llama context, with llama.cpp's context shift when asked."""
 
-    def greedy(self, prompt: Sequence[int], n_new: int, question_start: Optional[int] = None) -> List[int]:
+    def greedy(self, prompt: Sequence[int], n_new: int, question_start: Optional[int] = None,
+               hold: bool = False) -> List[int]:
         """Greedy answer; with ``question_start`` the top-k middle keys are switched on there (top_k_scope
-        'question'), and a prompt whose document is already in the cache is only asked again."""
+        'question'), and the memory's blocks held for the answer with ``hold``."""
         if question_start is None:
+            if hold:
+                raise ValueError("hold: the answer holds the blocks of a question; give question_start")
             self.reset()
             return self.answer(self.feed(prompt), n_new)
         self.read_document(prompt[:question_start])
-        return self.ask(prompt[question_start:], n_new)
+        return self.ask(prompt[question_start:], n_new, hold)
 
     def read_document(self, document: Sequence[int]) -> None:
         """A new stream of ``document`` with the middle keys off (the reading; ``ask`` switches them on)."""
@@ -144,16 +148,30 @@ class Stream(native.Stream):
         self.llm.set_top_k_active(False)
         self.feed(document)
 
-    def ask(self, question: Sequence[int], n_new: int) -> List[int]:
-        """Greedy answer to ``question`` after the document in the cache, with the middle keys on."""
+    def ask(self, question: Sequence[int], n_new: int, hold: bool = False) -> List[int]:
+        """Greedy answer to ``question`` after the document in the cache, with the middle keys on; with ``hold``
+        the question keeps the memory's blocks it selects and the answer attends to them."""
         self.llm.set_top_k_active(True)
-        return self.answer(self.feed(question), n_new)
+        return self.answer_question(question, n_new, hold)
+
+    def answer_question(self, question: Sequence[int], n_new: int, hold: bool = False) -> List[int]:
+        """Greedy answer to ``question`` with the attention as it is set (the held blocks as ``ask`` says)."""
+        if not hold:
+            return self.answer(self.feed(question), n_new)
+        try:
+            self.llm.memory_hold("keep")
+            logits = self.feed(question)
+            self.llm.memory_hold("hold")
+            return self.answer(logits, n_new)
+        finally:
+            self.llm.memory_hold("select")
 
     def ask_each(self, document: Sequence[int], question: Sequence[int], n_new: int,
-                 top_ks: Dict[str, int]) -> Dict[str, List[int]]:
+                 top_ks: Dict[str, int], holds: Optional[Dict[str, bool]] = None) -> Dict[str, List[int]]:
         """Read ``document`` once, then answer ``question`` once per entry of ``top_ks`` ({name: the question's
-        top_k, 0 = no middle keys}), each from the state right after the reading (saved to a temporary file,
-        with the memory's blocks when it has a memory)."""
+        top_k, 0 = no middle keys}; ``holds``: {name: the answer holds the question's blocks}), each from the
+        state right after the reading (saved to a temporary file, with the memory's blocks when it has a
+        memory)."""
         import tempfile
 
         self.read_document(document)
@@ -169,7 +187,7 @@ class Stream(native.Stream):
                         raise RuntimeError(f"the state saved after the reading ({state}) did not load back")
                     self.n_past = len(document)
                 self.llm.set_top_k(k)
-                out[name] = self.answer(self.feed(question), n_new)
+                out[name] = self.answer_question(question, n_new, bool((holds or {}).get(name)))
         return out
 
     def answer(self, logits: np.ndarray, n_new: int) -> List[int]:
@@ -193,18 +211,17 @@ def trial_rng(seed: int, length: int, depth: float, trial: int) -> np.random.Gen
 def shared_readings(configs: Sequence[str]) -> List[tuple]:
     """[(the configuration that reads, [the configurations asked after its reading])] in the order given.
 
-    A document-memory configuration and its ':passages' twin read alike (the question's top_k alone differs),
+    A document-memory configuration and its ':passages' and ':hold' twins read alike (the question's top_k and
+    the answer's hold alone differ),
     and 'lambda' is the memory's reading with the memory left unused at the question: the same Λ mask over the
     same window and sinks (the memory only keeps what leaves the window; a key it still caches at the window's
     edge is masked), so all three read once. Every other configuration reads alone."""
     from dataclasses import replace
 
-    from ..names import NamedConfig
-
     groups: Dict[str, List[str]] = {}
     for name in configs:
-        reader = (replace(NamedConfig.parse(name), passages=False).name if NamedConfig.is_memory_name(name)
-                  else name)
+        reader = (replace(NamedConfig.parse(name), passages=False, hold=False).name
+                  if NamedConfig.is_memory_name(name) else name)
         groups.setdefault(reader, []).append(name)
     readers = [r for r in groups if NamedConfig.is_memory_name(r)]
     if "lambda" in groups and readers:
@@ -303,10 +320,14 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
                     t0 = time.perf_counter()
                     if len(names) == 1:
                         answers = {reader: stream.greedy(p.tokens, n_new,
-                                                         p.question_start if st.top_k_question else None)}
+                                                         p.question_start if st.top_k_question else None,
+                                                         hold=NamedConfig.is_memory_name(reader)
+                                                         and NamedConfig.parse(reader).hold)}
                     else:
                         answers = stream.ask_each(p.tokens[:p.question_start], p.tokens[p.question_start:], n_new,
-                                                  {n: question_top_k(n, st.attention) for n in pending})
+                                                  {n: question_top_k(n, st.attention) for n in pending},
+                                                  {n: NamedConfig.is_memory_name(n) and NamedConfig.parse(n).hold
+                                                   for n in pending})
                     seconds = time.perf_counter() - t0
                     for name, out in answers.items():
                         text = llm.detokenize(out).decode("utf-8", errors="replace")
