@@ -83,7 +83,9 @@ class Session:
     def chunks(self, tokens: Sequence[int]) -> Iterator[int]:
         """Decode ``tokens`` after the stream, n_batch at a time, yielding each chunk's length; a Ctrl-C that
         llama.cpp's callbacks swallowed is raised before the next chunk."""
-        tokens = _token_list(tokens, "read")
+        return self._chunks(_token_list(tokens, "read"))
+
+    def _chunks(self, tokens: list) -> Iterator[int]:
         for start in range(0, len(tokens), self.n_batch):
             interrupt.check()
             chunk = tokens[start:start + self.n_batch]
@@ -102,7 +104,7 @@ class Session:
             bar = tqdm(total=len(tokens), desc=desc, unit="tok", file=sys.stderr, leave=leave)
         t0 = time.perf_counter()
         try:
-            for n in self.chunks(tokens):
+            for n in self._chunks(tokens):
                 if bar is not None:
                     bar.update(n)
         finally:
@@ -148,7 +150,7 @@ class Session:
         if hold:
             self.llm.memory_hold("keep")
         try:
-            for _ in self.chunks(question):
+            for _ in self._chunks(question):
                 pass
             first = greedy_next(self.llm)
             seconds = time.perf_counter() - t0
