@@ -28,7 +28,6 @@ import argparse
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -53,31 +52,6 @@ def essay_stream(n_tokens: int):
     if len(tokens) < n_tokens:
         raise SystemExit(f"--tokens {n_tokens}: the essays have only {len(tokens)} tokens")
     return model, info, tokens, question
-
-
-def read_timed(llm, tokens, n_batch: int, desc: str) -> float:
-    """Read ``tokens`` in chunks of 8 batches under a progress bar; the seconds the reading took."""
-    from tqdm import tqdm
-
-    t0 = time.perf_counter()
-    step = 8 * n_batch
-    for i in tqdm(range(0, len(tokens), step), desc=desc, unit="chunk"):
-        llm.eval(tokens[i:i + step])
-    return time.perf_counter() - t0
-
-
-def ask_greedily(llm, question, n_answer: int):
-    """Decode the question, then n_answer greedy answer tokens, each its own decode step (each step selects and
-    reads its blocks anew, which is what the memory's answer costs). Returns (question seconds, answer seconds)."""
-    from llama_extrapolate import native
-
-    t0 = time.perf_counter()
-    llm.eval(question)
-    question_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    for _ in range(n_answer):
-        llm.eval([native.greedy_next(llm)])
-    return question_s, time.perf_counter() - t1
 
 
 def replace_run(path: Path, run: dict, key, sort: bool = False) -> None:
@@ -117,6 +91,7 @@ def run_cost(args) -> None:
     from llama_extrapolate.harness.evaluate import (MEMORY_CONFIG, MEMORY_PASSAGES_SUFFIX, memory_config_name,
                                             memory_settings_of, setup_for)
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
+    from llama_extrapolate.session import Session
 
     model, info, tokens, question = essay_stream(args.tokens)
     if args.memory_candidates is not None and not args.memory_blocks:
@@ -147,10 +122,12 @@ def run_cost(args) -> None:
         llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                        n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **st.llama_kwargs())
         try:
-            read_s = read_timed(llm, tokens, args.n_batch, f"{name} reading")
+            session = Session(llm)
+            read_s = session.read(tokens, progress=True, desc=f"{name} reading").seconds
             if st.top_k_question:
                 llm.set_top_k_active(True)
-            to_answer, answer_s = ask_greedily(llm, question, ANSWER_TOKENS)
+            asked = session.ask(question)  # each answer step its own decode: it selects and reads its blocks anew
+            to_answer, answer_s = asked.seconds, sum(step.seconds for step in asked.answer(ANSWER_TOKENS))
             entry = {"read_tok_s": len(tokens) / read_s, "question_s": to_answer,
                      "answer_tok_s": ANSWER_TOKENS / answer_s, "n_ctx": st.n_ctx, "peak_rss_bytes": peak_rss_bytes()}
             if st.attention.memory_blocks:
@@ -179,6 +156,7 @@ def run_step(args) -> None:
     so a step costs what it costs at that length), then the question and ANSWER_TOKENS answer steps, for each c."""
     import llama_extrapolate as le
     from llama_extrapolate.harness.evaluate import memory_config_name, setup_for
+    from llama_extrapolate.session import Session
     from tqdm import tqdm
 
     model, info, tokens, question = essay_stream(args.tokens + args.question_tokens)
@@ -194,10 +172,12 @@ def run_step(args) -> None:
         llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                        n_threads=args.threads, n_threads_batch=args.threads, verbose=False, memory_capacity=args.capacity)
         try:
-            llm.eval(tokens)
+            session = Session(llm)
+            session.read(tokens)
             llm.set_top_k_active(True)
-            question_s, answer_s = ask_greedily(llm, question, ANSWER_TOKENS)
-            step_s = answer_s / ANSWER_TOKENS
+            asked = session.ask(question)
+            question_s = asked.seconds
+            step_s = sum(step.seconds for step in asked.answer(ANSWER_TOKENS)) / ANSWER_TOKENS
         finally:
             llm.close()
         out["configs"][name] = {"candidates": c, "question_s": question_s, "answer_step_ms": 1000 * step_s,

@@ -142,16 +142,15 @@ def synchronize(llm) -> None:
 def decode_speed(llm, n: int, repeats: int = 3) -> float:
     """Greedy decode of n tokens one at a time after the current stream, rolled back afterwards; the best of
     `repeats` tries (a burst of other load on a shared machine only ever slows a try down)."""
-    from llama_extrapolate.native import greedy_next
+    from llama_extrapolate.session import Session
 
-    start, first = llm.n_tokens, greedy_next(llm)
+    session = Session(llm)
+    start, first = llm.n_tokens, session.next_token()
     best = 0.0
     for _ in range(repeats):
         t0 = time.perf_counter()
-        tok = first
-        for _ in range(n):
-            llm.eval([tok])
-            tok = greedy_next(llm)
+        for _ in session.steps(first, n):
+            pass
         best = max(best, n / (time.perf_counter() - t0))
         llm.n_tokens = start  # the next eval removes the decoded tokens (within the rollback margin)
     return best
@@ -286,13 +285,14 @@ FLASH_CONFIGS = {"flash": (True, True), "plain": (False, True), "flash-noceiling
 def decode_cpu(llm, n: int) -> float:
     """Greedy decode of n tokens after the current stream, rolled back: tokens per CPU second of this process (with
     one thread, the work alone: another process on the machine does not count, as it does in wall-clock time)."""
-    from llama_extrapolate.native import greedy_next
+    from llama_extrapolate.session import Session
 
-    start, tok = llm.n_tokens, greedy_next(llm)
+    session = Session(llm)
+    start = llm.n_tokens
+    steps = session.steps(session.next_token(), n)
     c0 = time.process_time()
-    for _ in range(n):
-        llm.eval([tok])
-        tok = greedy_next(llm)
+    for _ in steps:
+        pass
     spent = time.process_time() - c0
     llm.n_tokens = start
     return n / spent

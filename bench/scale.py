@@ -26,7 +26,6 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -63,33 +62,17 @@ def shape_model(shape: str) -> str:
     return str(path)
 
 
-def ask(llm, question, store: str | None, hold: bool = False) -> dict:
+def ask(session, question, store: str | None, hold: bool = False) -> dict:
     """The question, then ANSWER_TOKENS greedy answer tokens, each timed, with the store's reads counted. ``hold``:
-    the question keeps the blocks it selects and the answer attends to them (Llama.memory_hold)."""
-    from llama_extrapolate import native
-
+    the question keeps the blocks it selects and the answer attends to them (Session.ask's hold)."""
     if store:
         drop_page_cache(store)
     io0 = proc_io()
-    t0 = time.perf_counter()
-    if hold:
-        llm.memory_hold("keep")
-    llm.eval(question)
-    first = native.greedy_next(llm)
-    question_s = time.perf_counter() - t0
-    if hold:
-        llm.memory_hold("hold")
-    io1 = proc_io()
-    steps, tok = [], first
-    for _ in range(ANSWER_TOKENS):
-        t = time.perf_counter()
-        llm.eval([tok])
-        tok = native.greedy_next(llm)
-        steps.append(time.perf_counter() - t)
-    io2 = proc_io()
-    if hold:
-        llm.memory_hold("select")
-    return {"question_tokens": len(question), "first_token_s": question_s,
+    with session.ask(question, hold=hold) as asked:
+        io1 = proc_io()
+        steps = [step.seconds for step in asked.answer(ANSWER_TOKENS)]
+        io2 = proc_io()
+    return {"question_tokens": len(question), "first_token_s": asked.seconds,
             "question_rchar": io1["rchar"] - io0["rchar"], "question_read_bytes": io1["read_bytes"] - io0["read_bytes"],
             "answer_step_s": steps, "answer_step_mean_s": sum(steps) / len(steps),
             "answer_rchar_per_token": (io2["rchar"] - io1["rchar"]) / ANSWER_TOKENS,
@@ -102,10 +85,11 @@ def run(args) -> None:
     from llama_extrapolate.harness.corpora import paul_graham_essays
     from llama_extrapolate.harness.evaluate import memory_config_name, setup_for
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
+    from llama_extrapolate.session import Session
 
     sys.path.insert(0, str(HERE))
     from kv_shapes import SHAPES
-    from memory import read_timed, replace_run
+    from memory import replace_run
 
     model = shape_model(args.shape)
     shape = SHAPES[args.shape]
@@ -139,7 +123,8 @@ def run(args) -> None:
         llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                        n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **kwargs)
         try:
-            read_s = read_timed(llm, text, args.n_batch, f"{args.shape} {name} reading")
+            session = Session(llm)
+            read_s = session.read(text, progress=True, desc=f"{args.shape} {name} reading").seconds
             if st.top_k_question:
                 llm.set_top_k_active(True)
             entry = {"shape": args.shape, "tokens": len(text), "window": args.window, "threads": args.threads,
@@ -147,8 +132,8 @@ def run(args) -> None:
                      "capacity": (args.capacity or None) if st.attention.memory_blocks else None,
                      "read_s": read_s, "read_tok_s": len(text) / read_s, "n_ctx": st.n_ctx,
                      "kv_cache_bytes": st.n_ctx * shape.n_layer * shape.kv_values_per_layer() * 2 * 2}
-            entry["short_question"] = ask(llm, short_q, store, hold)
-            entry["long_question"] = ask(llm, long_q, store, hold)
+            entry["short_question"] = ask(session, short_q, store, hold)
+            entry["long_question"] = ask(session, long_q, store, hold)
             if st.attention.memory_blocks:
                 mi = llm.memory_info()
                 entry.update(memory=mi, disk_bytes_per_token=mi["bytes_on_disk"] / len(text),

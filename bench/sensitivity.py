@@ -29,17 +29,18 @@ QUESTION = b"\n\nQuestion: what is the first essay's title? Answer:"
 
 
 def top_logprobs(attention, n_ctx: int, n_top: int, threads: int) -> dict:
-    from llama_extrapolate import Llama
+    from llama_extrapolate import Llama, native
     from llama_extrapolate.harness.corpora import paul_graham_essays
     from llama_extrapolate.default_model import default_model_path
+    from llama_extrapolate.session import Session
 
     llm = Llama(str(default_model_path()), attention=attention, n_ctx=n_ctx, n_batch=512, n_ubatch=512,
                 n_threads=threads, n_threads_batch=threads, verbose=False)
     try:
         prompt = llm.tokenize(paul_graham_essays()[:26_000].encode(), add_bos=True) + llm.tokenize(QUESTION,
                                                                                                   add_bos=False)
-        llm.eval(prompt)
-        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float64)
+        Session(llm).read(prompt)
+        logits = native.last_logits(llm.ctx, llm.n_vocab()).astype(np.float64)
         logprobs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
         return {"tokens": len(prompt), "n_ctx": llm.n_ctx(),
                 "logprobs": {int(t): float(logprobs[t]) for t in np.argsort(-logprobs)[:n_top]},

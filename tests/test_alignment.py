@@ -1,4 +1,4 @@
-"""Patch 0008 (cache-line alignment): every tensor of the compute graph starts on a cache line (64 bytes).
+"""Patch 0001 (cache-line alignment): every tensor of the compute graph starts on a cache line (64 bytes).
 
 With ggml's 32-byte CPU alignment the KQ scores could start at 32 mod 64; two threads writing adjacent
 tinyBLAS tiles then share the boundary cache lines, and a whole stretch of a W = 8192 stream read 35% slower

@@ -462,7 +462,7 @@ def test_flash_attention_is_exact_for_mask_and_temperature(tiny, case):
 
 @pytest.mark.parametrize("ceiling", [32, 16])
 def test_ceiling_with_far_cells_behind_another_sequence(tiny, ceiling):
-    """The distance ceiling (patch 0003) scores only the span of cells that some query sees at distance >= C. Here another
+    """The distance ceiling (patch 0008) scores only the span of cells that some query sees at distance >= C. Here another
     sequence holds the first cells of a unified cache, so the stream's sinks sit at cells 7-10 and the
     span starts with the other sequence's sinks, which the far mask must hide from this stream."""
     from llama_extrapolate import AttentionConfig
@@ -591,7 +591,7 @@ def test_shifting_every_sequence_of_a_rebased_stream_takes_the_callers_positions
 
 
 def test_the_cache_refuses_to_go_back_past_its_rollback_margin(tiny):
-    """llama_memory_seq_rm on a bounded stream (patch 0013): back within the rollback margin, or to the sinks, it
+    """llama_memory_seq_rm on a bounded stream (patch 0007): back within the rollback margin, or to the sinks, it
     works; further back, where the window's keys are freed, it returns false and leaves the stream as it was (a C
     caller, llama-server among them, then reads its prompt again), for one sequence and for every sequence (-1)."""
     import llama_cpp

@@ -134,7 +134,7 @@ def test_each_knob_on_the_gpu_equals_the_cpu_and_the_oracle(gpu, tiny_llama, tmp
 
 
 def test_flash_attention_with_the_ceiling_on_the_gpu(gpu, tiny_llama, tmp_path):
-    """Patch 0035's far sinks (one rotated copy per query, concatenated to K and V, an F16 mask) through the Vulkan
+    """Patch 0008's far sinks (one rotated copy per query, concatenated to K and V, an F16 mask) through the Vulkan
     backend's flash attention, with f16 K/V as flash attention keeps them: within the backend's error of the CPU's
     flash path and of the f16 oracle (the CPU tests' tolerance there: 3e-2)."""
     model, path = tiny_llama
@@ -151,7 +151,7 @@ def test_memory_with_offloaded_layers_selects_the_cpus_blocks(gpu, tiny_llama, t
     """The document memory with every layer on the GPU device and the KV cache in host memory (offload_kqv=False:
     the memory reads and writes its blocks there): each layer's KV heads select the blocks the CPU backend selects,
     and the answer's logits are the oracle's given those blocks, within the backend's error. (On lavapipe this
-    crashed until patch 0036: ggml-vulkan left stale buffers in the descriptor bindings a pipeline does not use, and
+    crashed until patch 0004: ggml-vulkan left stale buffers in the descriptor bindings a pipeline does not use, and
     the question's larger graphs reallocate the compute buffer.)"""
     model, path = tiny_llama
     tokens = random_tokens(model, N_TOKENS, seed=2)
@@ -188,7 +188,7 @@ def test_alibi_with_the_ceiling_and_temperature_on_the_gpu(gpu, tiny_mpt_model, 
 
 @pytest.mark.parametrize("reduce", [None, "host"])
 def test_attention_statistics_with_offloaded_layers(gpu, tiny_llama, tmp_path, reduce):
-    """By default (patch 0037) ggml ops reduce the statistics on the GPU device that runs the attention, and only
+    """By default (patch 0010) ggml ops reduce the statistics on the GPU device that runs the attention, and only
     the sums come back; with reduce="host" the CPU op does, the scheduler copying the logits, the mask and the
     softmax to the host. Either way the sums equal the CPU backend's and the oracle's."""
     model, path = tiny_llama
@@ -214,7 +214,7 @@ def test_attention_statistics_with_offloaded_layers(gpu, tiny_llama, tmp_path, r
 
 
 def test_the_device_of_each_layer_is_named(tiny_llama, capsys):
-    """Llama.devices() (patch 0034) and `info` say where the attention runs: here no layer is offloaded."""
+    """Llama.devices() (patch 0005) and `info` say where the attention runs: here no layer is offloaded."""
     import llama_extrapolate
     from llama_extrapolate import AttentionConfig, _core
     from llama_extrapolate.cli import main

@@ -139,8 +139,8 @@ def test_one_rule_for_the_default_attention_of_every_command(info):
 
 def test_memory_configurations_name_their_blocks(info, capsys):
     """"lambda+memory" selects the default m (run's and serve's too); "lambda+memory:m=N" another, with the same
-    cache (the selected blocks are in the graph, patch 0023), "lambda+memory:m=N:c=C" with C candidates (by default
-    4m, patch 0026); a malformed m or c is named, and nll refuses every memory configuration."""
+    cache (the selected blocks are in the graph, patch 0012), "lambda+memory:m=N:c=C" with C candidates (by default
+    4m, patch 0012); a malformed m or c is named, and nll refuses every memory configuration."""
     from llama_extrapolate import cli
     from llama_extrapolate.config import DEFAULT_MEMORY_BLOCK, DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
     from llama_extrapolate.harness.evaluate import memory_blocks_of, memory_config_name, setup_for
@@ -166,7 +166,7 @@ def test_memory_configurations_name_their_blocks(info, capsys):
     for bad in ("lambda+memory:m=0", "lambda+memory:m=x", "lambda+memory:m="):
         with pytest.raises(ValueError, match=r"m must be a whole number >= 1, as in lambda\+memory:m=64"):
             setup_for(bad, info, 20_000, 512)
-    # ":layer": the KV heads of a layer select the same blocks (patch 0033)
+    # ":layer": the KV heads of a layer select the same blocks (the document memory's patch, 0012)
     layer = setup_for("lambda+memory:m=16:c=0:layer", info, 20_000, 512, window=1024)
     assert layer.attention.resolve(info).memory_selection == "layer" and base.attention.memory_selection == "head"
     assert memory_config_name("lambda+memory:layer") == f"lambda+memory:m={DEFAULT_MEMORY_BLOCKS}:c={c}:layer"

@@ -1,4 +1,5 @@
-"""Model families whose layers carry their own RoPE, against the numpy oracle (patch 0011).
+"""Model families whose layers carry their own RoPE, against the numpy oracle (the ceiling's patch
+0008 and the top-k keys' 0011 rotate with each layer's own RoPE).
 
 The distance ceiling, the top-k middle keys and the document memory rotate q and the cached keys once more
 inside the attention. That rotation must be the one the model gave the layer:
@@ -12,20 +13,21 @@ inside the attention. That rotation must be the one the model gave the layer:
 - Phi-3 (NEOX too) stores q, k, v fused and scales q by 1/sqrt(head_dim) before the attention, which then scales
   the scores by 1: the temperature divides those logits all the same;
 - mistral3 (Llama 4's attention temperature tuning) scales q by 1 + s*log(floor(p/F) + 1) of the token's position
-  p in the text: a re-based stream must keep the text's positions there (patch 0038; before it the long stream
+  p in the text: a re-based stream must keep the text's positions there (patch 0009; before it the long stream
   below scaled q by the cache's positions);
 - LFM2, a hybrid, caches its attention layers apart from its convolution layers' recurrent state: the knobs act
-  on the attention layers (before patch 0039 the ceiling was wrong there and the top-k keys aborted), and a
+  on the attention layers (before patch 0013 the ceiling was wrong there and the top-k keys aborted), and a
   recurrent model (Mamba) refuses them all;
 - Jamba, a hybrid too, attends without any position encoding (its attention layers, between Mamba layers, score
   q.k at every distance): the Lambda mask, the temperature and the top-k keys act as elsewhere; the ceiling and the
   memory, with no distance to bound, are refused;
 - Qwen2-VL's multi-section RoPE takes the mask and the temperature (a text token's rotation is NEOX's) and refuses
   the second rotation; GPT-2's learned positions take the temperature and refuse the Lambda window (none past the
-  training length: patch 0041), as T5, whose encoder reads the whole input, does (patch 0042).
+  training length), as T5, whose encoder reads the whole input, does (both the refusals' patch, 0014).
 
 Tiny random models of each layout (f32 caches), the same cases as tests/test_attention.py and test_top_k.py.
-Before patch 0011 the first model was refused (rope_freqs, attention factor) and the second was wrong.
+Before the patches rotated with each layer's own RoPE the first model was refused (rope_freqs, attention factor)
+and the second was wrong.
 """
 
 from dataclasses import replace
@@ -274,7 +276,7 @@ def test_knob_support_says_what_loading_does(family, tiny_mpt_model, tiny_llama)
 def test_sliding_window_layers_are_shown_and_the_global_layers_take_the_window(tmp_path):
     """Gemma 3's sliding-window layers keep their own window: the Lambda window, its ceiling and the temperature
     load (they apply to the global layers, see below); the top-k keys and the memory, which select among one cache
-    for every layer, are refused with the reason (before patch 0017 the Lambda window and ceiling were refused)."""
+    for every layer, are refused with the reason (before patch 0013 the Lambda window and ceiling were refused)."""
     from llama_extrapolate import read_model_info
 
     path = _gemma3(tmp_path)
@@ -376,7 +378,7 @@ TOL_FLASH = 0.1
 
 @pytest.mark.parametrize("ubatch", [1, 64])
 def test_flash_attention_with_the_ceiling_matches_the_oracle(family, ubatch):
-    """The far sinks through one rotated copy per query (patch 0035) hold for each RoPE family's rotation (frequency
+    """The far sinks through one rotated copy per query (patch 0008) hold for each RoPE family's rotation (frequency
     factors, YaRN, NEOX, NoPE layers left alone)."""
     from llama_extrapolate import AttentionConfig
 
@@ -533,7 +535,7 @@ def test_a_temperature_the_softmax_would_not_take_whole_is_refused(tiny_llama, m
 
 
 def test_learned_sink_logits_refuse_the_temperature_in_python_and_in_the_library(tmp_path):
-    """A tiny gpt-oss (learned sink logits per head, patch 0020): the temperature is refused by Python before
+    """A tiny gpt-oss (learned sink logits per head, patch 0009): the temperature is refused by Python before
     loading (from the file's own tensors), by llama.cpp's C API on a live context (set_temperature,
     set_temperature_points) and at context creation from metadata through plain llama_cpp; the Lambda mask runs."""
     import llama_cpp
@@ -596,7 +598,7 @@ def test_gpt_oss_takes_the_lambda_window_and_the_ceiling_exactly(gptoss, case, u
 def test_latent_attention_refuses_the_knobs_its_k_only_cache_has_not(tmp_path, capsys):
     """DeepSeek-V2's MLA caches one latent key per token and attends through llama.cpp's K-only path, which has
     the Lambda mask and the temperature but no ceiling, top-k keys or statistics: those are refused at load with
-    the reason (before patch 0016 they loaded and did nothing)."""
+    the reason (before the refusals' patch, 0014, they loaded and did nothing)."""
     from llama_extrapolate import AttentionConfig, read_model_info
     from llama_extrapolate.harness import stats
     from llama_extrapolate.cli import main
@@ -768,7 +770,7 @@ else:
 
 
 def test_learned_positions_refuse_the_lambda_window_and_the_positions_past_them(gpt2, capsys):
-    """A GPT-2 has an embedding per position up to its training length and none past it (patch 0041): the Lambda
+    """A GPT-2 has an embedding per position up to its training length and none past it (patch 0014): the Lambda
     window, its ceiling, the top-k keys and the memory are refused at load with the reason (in Python before
     loading, in llama.cpp from the file's metadata), llama_extrapolate.Llama refuses n_ctx past the positions, and
     plain llama_cpp with such an n_ctx gets a refused batch where the first position past them aborted the process."""
@@ -815,8 +817,8 @@ else:
 
 
 def test_t5_refuses_the_lambda_knobs_and_a_decode_before_its_encoder(tmp_path):
-    """T5 reads its input with the encoder, all at once and without a cache (patch 0042): the Lambda knobs are refused
-    at load with the reason (the temperature for its relative position bias, patch 0020). llama-cpp-python's Llama
+    """T5 reads its input with the encoder, all at once and without a cache (patch 0014): the Lambda knobs are refused
+    at load with the reason (the temperature for its relative position bias, patch 0009). llama-cpp-python's Llama
     decodes a T5 prompt without encoding it, which aborted the process in llama.cpp: the decode is refused now."""
     import llama_cpp
 
@@ -849,7 +851,7 @@ def lfm2(tmp_path_factory):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_hybrid_model_matches_the_oracle(lfm2, case, ubatch):
     """LFM2's attention layers live in a KV cache beside the convolution layers' recurrent state (llama.cpp's hybrid
-    memory), whose graph input set the attention tensors itself: before patch 0039 the ceiling's far span was never
+    memory), whose graph input set the attention tensors itself: before patch 0013 the ceiling's far span was never
     set (3.6 logits off past C) and the top-k keys aborted the process. The convolution layers see every token."""
     from reference import forward_lfm2
 
@@ -874,7 +876,7 @@ def test_a_hybrid_stream_is_rebased_and_stays_exact(lfm2):
 
 @pytest.mark.parametrize("top_k", [3, 64])
 def test_a_hybrid_model_reads_from_the_document_memory(lfm2, top_k):
-    """Patch 0043: the store holds the attention layers' keys from the top-k layer on (1 and 3), not the convolution
+    """Patch 0012: the store holds the attention layers' keys from the top-k layer on (1 and 3), not the convolution
     layers' (they have none); the question's logits equal the oracle's given the blocks those selected. Before, the
     memory was refused on hybrid models: it stored every layer from the top-k layer on."""
     from reference import forward_lfm2
@@ -946,7 +948,7 @@ def test_a_model_without_a_global_layer_refuses_the_lambda_knobs(tmp_path, name)
     """The Lambda window, its ceiling and the temperature act on the global layers; the sliding-window layers keep
     their own window and tau = 1. With every attention layer sliding-window (LFM2 with a window, whose hybrid-iSWA
     memory then has an empty global cache; Gemma 3's pattern of five sliding-window layers to a global one, cut at
-    five layers) there is nothing for them to act on: before patch 0040 they loaded and the model computed its own
+    five layers) there is nothing for them to act on: before patch 0014 they loaded and the model computed its own
     attention. Now each is refused at load with the reason, as the top-k keys and the memory already were; without
     knobs the model loads."""
     import llama_cpp
@@ -1120,7 +1122,7 @@ def test_jamba_without_a_position_encoding_refuses_the_ceiling_and_the_memory(ja
         "ceiling": "no position encoding (no RoPE, no ALiBi)",
         "memory": "no RoPE or ALiBi, through which the document memory scores its keys at a bounded distance"}, support
     # plain llama_cpp with the settings in the metadata: the ceiling and the memory refused as the model loads (the
-    # memory for want of a position encoding, patch 0043; its recurrent layers no longer refuse it)
+    # memory for want of a position encoding, patch 0012; its recurrent layers no longer refuse it)
     key = "jamba.attention.lambda."
     ceiling, memory = _survives(_LOAD_WITH_OVERRIDES, path, json.dumps([
         {key + "window": 32, key + "ceiling": 16},

@@ -1,5 +1,5 @@
 """llama.cpp's own `llama-server`, built from the patched tree, with the attention given as `--override-kv` metadata
-(patch 0014), asked with the official openai client as a chat front-end would.
+(the server's patch, 0015), asked with the official openai client as a chat front-end would.
 
 The binary is built by tools/upstream.py from the llama.cpp tree `pip install .` patched (a few minutes, once); an
 install from a wheel has no such tree, and these tests are skipped with that reason. The server is started by
@@ -50,6 +50,20 @@ def server(binary, tmp_path_factory):
 LONG = paul_graham_essays()[:85_000]  # about 20k tokens of SmolLM2
 
 
+def planted(text: str, key: int, at: int) -> str:
+    """text with a pass key planted at character ``at``."""
+    return f"{text[:at]}\nThe pass key is {key}. Remember it. {key} is the pass key.\n{text[at:]}"
+
+
+def assert_passkey_found(server, seed: int = 1) -> None:
+    """A request served with the answer to its prompt: a random pass key planted in a short document is the one
+    the greedy completion of "The pass key is" gives (not any text: a server answering something else fails)."""
+    key = int(np.random.default_rng(seed).integers(10_000, 100_000))
+    prompt = planted(paul_graham_essays()[:1500], key, 700) + "\n\nWhat is the pass key? The pass key is"
+    r = server.client.completions.create(model="default", prompt=prompt, max_tokens=8, temperature=0)
+    assert str(key) in r.choices[0].text, (key, r.choices[0].text)
+
+
 def chat(server, content: str, max_tokens: int = 16, stream: bool = False, cache_prompt: bool = True):
     """The answer and llama-server's timings (cache_n: prompt tokens reused, prompt_n: read)."""
     messages = [{"role": "user", "content": content}]
@@ -78,7 +92,7 @@ def test_command_line_carries_the_settings(binary):
                  "--question-tokens 128"):
         assert part in joined, (part, joined)
     # the bounded cache (sinks, window, rollback, ubatch, the block at the window's edge), not the document; the
-    # memory's selected blocks are in the graph (patch 0023)
+    # memory's selected blocks are in the graph (the document memory's patch, 0012)
     assert int(args[args.index("-c") + 1]) == 10 + WINDOW + 256 + 512 + 64 < CAPACITY
     assert "llama.attention.lambda.memory_per_layer=bool:false" in joined
     layer = " ".join(llama_server_args(ExtrapolateSettings(window=WINDOW, memory_capacity=CAPACITY, n_threads=2,
@@ -89,15 +103,17 @@ def test_command_line_carries_the_settings(binary):
 
 
 def test_long_document_then_second_question_reuses_the_stream(server):
-    """A 20k-token prompt (20x the window, 7x the cache's cells) answered; the next question about the same
-    document, streamed, reads only its own tokens."""
-    text, timings, usage = chat(server, f"{LONG}\n\nIn one sentence, what is the text above about?")
+    """A 20k-token prompt (20x the window, 7x the cache's cells) answered with the pass key planted near its end;
+    the next question about the same document, streamed, reads only its own tokens and answers with the key too."""
+    key = int(np.random.default_rng(4).integers(10_000, 100_000))
+    doc = planted(LONG, key, len(LONG) - 500)
+    text, timings, usage = chat(server, f"{doc}\n\nWhat is the pass key? Answer with the number only.")
     assert usage.prompt_tokens > 20_000, usage
-    assert text.strip(), "empty answer"
+    assert str(key) in text, (key, text)
     assert timings["cache_n"] == 0 and timings["prompt_n"] == usage.prompt_tokens, timings
 
-    pieces, timings2, _ = chat(server, f"{LONG}\n\nWho wrote the text above?", stream=True)
-    assert len(pieces) > 2 and "".join(pieces).strip(), pieces
+    pieces, timings2, _ = chat(server, f"{doc}\n\nWhich number is the pass key?", stream=True)
+    assert len(pieces) > 2 and str(key) in "".join(pieces), (key, pieces)
     # what was read, not how long it took (a timing is the benchmark's: bench/server.py)
     assert timings2["cache_n"] > usage.prompt_tokens - 64 and timings2["prompt_n"] < 64, timings2
 
@@ -133,7 +149,7 @@ TINY_MEMORY = dict(TINY_LAMBDA, top_k_layer=1, memory_blocks=4, memory_block_siz
 def test_a_stream_read_on_is_re_based_as_the_library_does(binary, tiny_llama, tmp_path, settings):
     """A 701-token prompt, then the same prompt one token longer twice (the server reads the new token from its
     cached stream): the log-probabilities at each step equal llama_extrapolate.Llama's within float rounding. The
-    server decodes through llama_process, which once skipped the position re-basing (patch 0022): 4.8e-4 (Lambda)
+    server decodes through llama_process, which once skipped the position re-basing (patch 0007): 4.8e-4 (Lambda)
     and 2.4e-3 (memory) apart after the first re-base, where two layouts of the library's cache give the same bits."""
     import httpx
 
@@ -207,6 +223,7 @@ def test_two_clients_are_served_in_turn_with_their_own_answers(server):
     alone = [chat(server, p, cache_prompt=False)[0] for p in prompts]
     together = at_once(lambda i: chat(server, prompts[i], cache_prompt=False)[0])
     assert together == alone
+    assert alone[0] != alone[1], "two texts summarized alike: the answers do not tell whose is whose"
 
 
 def test_a_prompt_beyond_the_memory_is_refused_and_the_next_served(server):
@@ -215,7 +232,8 @@ def test_a_prompt_beyond_the_memory_is_refused_and_the_next_served(server):
     with pytest.raises(openai.BadRequestError, match="exceeds the available context size"):
         chat(server, big)
     text, _, _ = chat(server, "Say hello.")
-    assert text.strip()
+    assert "hello" in text.lower(), text
+    assert_passkey_found(server, seed=2)
 
 
 def test_slots_one_by_default_and_two_refused_with_the_reason(binary, tmp_path):

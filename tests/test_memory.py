@@ -1,4 +1,4 @@
-"""The document memory (patch 0010) against the numpy oracle, on the tiny llama model.
+"""The document memory (patch 0012) against the numpy oracle, on the tiny llama model.
 
 While the document is read with the bounded Lambda cache, every token after the sinks goes to the block store;
 for the question each KV head of the layers >= h0 selects m blocks by Quest's bound, and the top-k middle keys
@@ -176,7 +176,7 @@ def test_the_smallest_cache_holds_the_keys_at_the_windows_edge(tiny, asked):
 
 
 def test_the_selected_blocks_take_no_cells_of_the_cache(tiny):
-    """Patch 0023: the m*B keys and values of the selected blocks are appended to each layer's view in the graph,
+    """Patch 0012: the m*B keys and values of the selected blocks are appended to each layer's view in the graph,
     so a region larger than the whole cache works (it was refused: the cache had to hold it), exact against the
     oracle given the selection."""
     from llama_extrapolate import native, read_model_info
@@ -318,7 +318,7 @@ def test_selection_equals_an_exhaustive_bound(tiny, asked):
 
 def test_the_bound_is_taken_a_slice_of_queries_at_a_time(tiny):
     """A memory opened for 680,000 tokens has 21,250 blocks per KV head, so the graph takes the bound of the
-    question's 100 queries (50 tokens, 2 heads a group) 98 at a time (patch 0028: at most 2^22 products a slice)
+    question's 100 queries (50 tokens, 2 heads a group) 98 at a time (patch 0012: at most 2^22 products a slice)
     and merges the slices' maxima: the selection is still the exhaustive bound's. (F16 blocks: an 87 MB file.)"""
     model, path, tokens = tiny
     group = model.n_head // model.n_head_kv
@@ -351,7 +351,7 @@ def rerank_of(bound, exact, candidates, defined=True):
 
 @pytest.mark.parametrize("candidates", [4, 8])
 def test_candidates_are_reranked_by_their_exact_scores(tiny, candidates):
-    """With c candidates (patch 0026) the bound proposes the c selectable blocks with the largest bounds and the m of
+    """With c candidates (patch 0012) the bound proposes the c selectable blocks with the largest bounds and the m of
     them with the largest exact q.k (max over the question's queries and the group's heads) are selected: checked
     against numpy's bound and exact products for every block (stored keys, the oracle's queries at D). c = 8 is more
     than the 6 selectable blocks: all are reranked and no block the question may not see comes in. The rerank
@@ -375,7 +375,7 @@ def test_candidates_are_reranked_by_their_exact_scores(tiny, candidates):
 
 @pytest.mark.parametrize("candidates", [0, 4])
 def test_layer_selection_equals_the_layers_exhaustive_scores(tiny, candidates):
-    """memory_selection="layer" (patch 0033): the KV heads of a layer select the same m blocks, by each block's
+    """memory_selection="layer" (patch 0012): the KV heads of a layer select the same m blocks, by each block's
     largest score over the layer's heads: the bound (c = 0), or the exact q.k of the c blocks with the largest
     such bounds (c = 4 of the 6 selectable). Checked against numpy's bound and products for every block and KV
     head (the oracle's queries at D, given the blocks the layers before selected); the heads' own top m differ
@@ -419,7 +419,7 @@ def q8_0_rounded(x):
 
 @pytest.mark.parametrize("memory_type", ["f16", "q8_0"])
 def test_candidates_are_reranked_in_the_stores_type(tmp_path, memory_type):
-    """Patch 0029: the candidates' keys enter the rerank's product as stored, and the queries are rounded to the
+    """Patch 0012: the candidates' keys enter the rerank's product as stored, and the queries are rounded to the
     product's type once (F16 for an F16 store; q8_0 for a q8_0 store, head size 32 here: one q8_0 block). The
     selection is numpy's top m of the same rounded products over the same candidates, in every layer >= h0 (the
     oracle's queries past h0 read the blocks the library selected before, from F32 keys where the library's are
@@ -543,7 +543,7 @@ def test_quantized_k_cache(tmp_path):
 
 def test_fewer_blocks_than_m_are_all_selected(tiny):
     """The question's first query has one block behind its window and m = 2: every KV head selects that block (the
-    other slot reports -1) and the logits equal the oracle's given it. Before patch 0019 the memory added nothing
+    other slot reports -1) and the logits equal the oracle's given it. An earlier version of the memory added nothing
     until m blocks were there, so a document shorter than W + m*B was answered as if the memory were off (the
     passkey at 4k with m = 64). With no block behind the window yet, the memory adds nothing."""
     model, path, tokens = tiny
@@ -664,7 +664,7 @@ def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_p
     out = capsys.readouterr()
     assert rc == 0 and "68512" in out.out, out.out
     assert "the answer selects blocks at every token" in out.err, out.err
-    # 64 blocks per head where the document has 26 behind the window: all of them (before patch 0019 the memory
+    # 64 blocks per head where the document has 26 behind the window: all of them (an earlier version of the memory
     # stayed shut below m blocks and this answer was the plain window's)
     rc = cli.main(["run", "--file", str(doc), "--prompt", question, "--window", "1024", "--no-chat",
                    "--max-tokens", "16", "--threads", "2", "--memory-blocks", "64", "--quiet"])
@@ -679,7 +679,7 @@ def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_p
 def test_every_query_scope_selects_per_ubatch(tiny):
     """top_k_scope='all': every ubatch (the reading included) selects its own blocks once some lie behind its first
     query's window, all of them while there are fewer than m (the other slots report -1); the oracle is given each
-    ubatch's selection. Before patch 0019 the memory stayed shut until m blocks were selectable."""
+    ubatch's selection. An earlier version of the memory stayed shut until m blocks were selectable."""
     model, path, tokens = tiny
     ubatch = 32  # the ubatch at 96 has one block behind its window, fewer than m
     llm = make_llm(path, memory_config(top_k_scope="all"), ubatch=ubatch)

@@ -1,4 +1,4 @@
-"""State save/load of a Lambda stream: the library's state carries the position re-basing (patch 0009)."""
+"""State save/load of a Lambda stream: the library's state carries the position re-basing (patch 0007)."""
 
 import ctypes
 
@@ -135,7 +135,8 @@ def test_bad_state_use_is_named(tiny_llama, stream, tmp_path):
 def test_a_top_k_state_resumes_exactly(tiny_llama, stream):
     """Top-k middle keys over the cache (RoPE): the state is the cache's own (the middle keys are rotated back from
     the cached keys where they are scored), so a saved stream goes on with the same middle keys, in the same context
-    and in a fresh one (before patch 0015 the unrotated copy was not in the state and saving was refused)."""
+    and in a fresh one (an earlier version kept an unrotated copy of the keys outside the state and refused to
+    save)."""
     model, path = tiny_llama
     top_k = dict(top_k=2, top_k_layer=1, top_k_distance=16, **LAMBDA)
     llm = tiny_llm(path, n_ctx=448, **top_k)

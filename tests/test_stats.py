@@ -1,9 +1,9 @@
-"""Attention statistics summed inside llama.cpp (patch 0006) against the numpy oracle.
+"""Attention statistics summed inside llama.cpp (patch 0010) against the numpy oracle.
 
 The oracle writes every softmax row out in full and takes its maximum,
 entropy, logit mean and variance and mass by distance bin; llama.cpp never
 copies a row out of the graph. Tiny random models (RoPE llama GQA 4/2 and
-ALiBi MPT), f32 KV cache. Both reductions (patch 0037): "host", the CPU op,
+ALiBi MPT), f32 KV cache. Both reductions (patch 0010): "host", the CPU op,
 and "graph", the ggml ops a GPU backend runs (here on the CPU backend; on
 Vulkan in test_backends.py), each against the oracle.
 """

@@ -271,7 +271,7 @@ class TinyMPT:
 @dataclass
 class TinyGpt2(TinyMPT):
     """A GPT-2: MPT's layout without ALiBi, a learned embedding per position up to the context length
-    (``position_embd``, none past it: patch 0041) and biases on every projection."""
+    (``position_embd``, none past it: the refusals' patch, 0014) and biases on every projection."""
 
     def alibi_slopes(self) -> np.ndarray:
         return np.zeros(self.n_head)  # no bias by distance: the position is in the embedding

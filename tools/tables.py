@@ -416,24 +416,34 @@ def table_upstream(r: Path) -> str:
 
 # --- document memory (bench/memory.py) ----------------------------------------------------------------------
 
+def _load_names():
+    """The package's names.py loaded alone, by path: the names and labels are the package's, and this script still
+    runs without the package installed or its library loaded (importing llama_extrapolate loads libllama)."""
+    import importlib.util
+
+    path = ROOT / "python" / "llama_extrapolate" / "names.py"
+    spec = importlib.util.spec_from_file_location("_tables_names", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their class's module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+NAMES = _load_names()
+
+
 class MemoryLabels(dict):
-    """The row names of the memory benchmarks; "lambda+memory:m=N[:c=C]" says its m and its candidates (none in
-    results from before the earlier series' patch 0026)."""
+    """The row names of the memory benchmarks: a baseline by its description, a stored memory name
+    "lambda+memory:m=N[:c=C][:passages][:layer]" by NamedConfig's label (results without ":c=" are from before the
+    candidates: the bound alone selected)."""
 
     def get(self, name, default=None):
-        if name.startswith("lambda+memory:m="):
-            name, layer = (name[:-len(":layer")], ", per layer") if name.endswith(":layer") else (name, "")
-            name, passages = (name[:-len(":passages")], True) if name.endswith(":passages") else (name, False)
-            m, _, c = name[len("lambda+memory:m="):].partition(":c=")
-            rerank = f", {c} candidates" if c not in ("", "0") else ", bound only"
-            keys = "whole blocks in text order" if passages else "k = 5"
-            return f"Λ + memory (m = {m}{rerank}{layer}, B = 64, {keys})"
+        if name.startswith(NAMES.MEMORY_CONFIG + ":m="):
+            return NAMES.NamedConfig.parse(name, stored=True).label()
         return super().get(name, default)
 
 
-MEMORY_LABELS = MemoryLabels({"lambda": "Λ + ceiling",
-                              "lambda+top-k": "Λ + top-k (whole cache)", "vanilla": "vanilla (full attention)",
-                              "context-shift": "context shift"})
+MEMORY_LABELS = MemoryLabels(NAMES.LABELS)
 
 
 def table_memory_passkey(r: Path) -> str:

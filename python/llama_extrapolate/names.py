@@ -103,9 +103,9 @@ class NamedConfig:
             rest, selection = rest[:-len(MEMORY_LAYER_SUFFIX)], "layer"
         if rest.endswith(MEMORY_PASSAGES_SUFFIX):
             rest, passages = rest[:-len(MEMORY_PASSAGES_SUFFIX)], True
-        from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
-
         if rest == MEMORY_CONFIG:
+            from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
+
             m, c = DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS
             return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
                        passages=passages, hold=hold)
@@ -117,13 +117,18 @@ class NamedConfig:
         if not m_text.isdigit() or int(m_text) < 1:
             raise ValueError(f"configuration {whole!r}: m must be a whole number >= 1, as in {prefix}64")
         m = int(m_text)
-        if not c_text:
-            c = 0 if stored else MEMORY_CANDIDATES_PER_BLOCK * m
-        elif not c_text.isdigit() or (int(c_text) != 0 and int(c_text) <= m):
-            raise ValueError(f"configuration {whole!r}: c must be 0 (the bound selects) or a whole number > m, as "
-                             f"in {prefix}{m}:c={MEMORY_CANDIDATES_PER_BLOCK * m}")
-        else:
+        if c_text and c_text.isdigit() and (int(c_text) == 0 or int(c_text) > m):
             c = int(c_text)
+        elif not c_text and stored:
+            c = 0
+        else:
+            # only here are today's defaults needed: a stored name with its m and c parses without the package
+            from .config import MEMORY_CANDIDATES_PER_BLOCK
+
+            if c_text:
+                raise ValueError(f"configuration {whole!r}: c must be 0 (the bound selects) or a whole number > m, "
+                                 f"as in {prefix}{m}:c={MEMORY_CANDIDATES_PER_BLOCK * m}")
+            c = MEMORY_CANDIDATES_PER_BLOCK * m
         return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
                    passages=passages, hold=hold)
 

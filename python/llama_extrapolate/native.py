@@ -412,14 +412,3 @@ class Stream:
         """Forget every token from position n_past on (a cache that keeps them all: vanilla or top-k)."""
         forget_from(self.ctx, n_past)
         self.n_past = n_past
-
-
-def eval_chunks(llm: Any, tokens: Sequence[int], n_batch: Optional[int] = None) -> Iterator[int]:
-    """``llm.eval`` n_batch tokens at a time, yielding each chunk's length: the caller advances a progress
-    bar, and an interrupt lands between chunks instead of after the whole document."""
-    n_batch = llm.n_batch if n_batch is None else int(n_batch)
-    for s in range(0, len(tokens), n_batch):
-        interrupt.check()
-        chunk = tokens[s:s + n_batch]
-        llm.eval(chunk)
-        yield len(chunk)

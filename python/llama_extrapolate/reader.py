@@ -10,22 +10,10 @@ decodes what is new.
 from __future__ import annotations
 
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
-from .native import eval_chunks
-
-
-@dataclass
-class ReadReport:
-    tokens: int
-    seconds: float
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+from .session import ReadReport, Session
 
 
 def read_text_file(path: Union[str, Path]) -> str:
@@ -143,20 +131,7 @@ def read_tokens(llm, tokens: List[int], *, progress: bool = True, desc: str = "r
     """
     llm.reset()
     body = tokens if keep_last else tokens[:-1]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(body), desc=desc, unit="tok", file=sys.stderr)
-    t0 = time.perf_counter()
-    try:
-        for n in eval_chunks(llm, body):
-            if bar is not None:
-                bar.update(n)
-    finally:
-        if bar is not None:
-            bar.close()
-    return ReadReport(tokens=len(body), seconds=time.perf_counter() - t0)
+    return Session(llm).read(body, progress=progress, desc=desc)
 
 
 def _state_fingerprint(llm) -> dict:
@@ -236,7 +211,7 @@ def read_prompt(llm, tokens: List[int], doc_end: int, *, state: Optional[Path] =
         llm.set_top_k_active(True)
     rest = tokens[llm.n_tokens:-1]
     if rest:
-        llm.eval(rest)  # n_batch at a time
+        Session(llm).read(rest)
 
 
 def answer(llm, document: str, question: str, *, max_tokens: int = 256, sampling_temperature: float = 0.0,

@@ -12,15 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 import llama_extrapolate as le
-from llama_extrapolate import native
 from llama_extrapolate.harness.evaluate import memory_config_name, setup_for
 from llama_extrapolate.resources import peak_rss_reset
+from llama_extrapolate.session import Session
 
 RESULTS = Path(__file__).resolve().parent  # the study's runs sit beside its scripts
 sys.path.insert(0, str(RESULTS.parent.parent / "bench"))
@@ -60,19 +57,13 @@ def main(argv=None) -> int:
                    verbose=False, **st.llama_kwargs())
     try:
         phases = {"loaded": status()}
-        t0 = time.perf_counter()
-        for i in tqdm(range(0, len(tokens), 4096), desc="reading", unit="chunk"):
-            llm.eval(tokens[i:i + 4096])
-        read_s = time.perf_counter() - t0
+        session = Session(llm)
+        read_s = session.read(tokens, progress=True).seconds
         phases["read"] = status()
         llm.set_top_k_active(True)
-        llm.eval(question)
+        asked = session.ask(question)
         phases["question"] = status()
-        steps = []
-        for _ in range(args.answer_tokens):
-            llm.eval([native.greedy_next(llm)])
-            steps.append(status())
-        phases["answer"] = steps
+        phases["answer"] = [status() for _ in asked.answer(args.answer_tokens)]
         row = dict(tokens=len(tokens), window=args.window, memory_blocks=args.memory_blocks,
                    memory_candidates=st.attention.resolve(info).memory_candidates, store_read="pread",
                    threads=args.threads,

@@ -377,9 +377,8 @@ def erf_by_layer(bin_lower, by_layer, eps: Sequence[float]) -> dict:
 
 def measure_erf(llm, tokens: Sequence[int], eps: Sequence[float], n_batch: int = 512, desc: str = "erf") -> dict:
     """Read tokens once with statistics on and return the mass by distance and the ERF per layer."""
-    from tqdm.auto import tqdm
-
     from .. import native
+    from ..session import Session
 
     from . import stats
 
@@ -388,9 +387,8 @@ def measure_erf(llm, tokens: Sequence[int], eps: Sequence[float], n_batch: int =
         raise ValueError(f"tokens: {len(tokens)} given, the ERF needs at least 2")
     llm.reset()
     native.clear_memory(llm.ctx)
-    with stats.collecting(llm), tqdm(total=len(tokens), desc=desc, unit="tok", leave=False) as bar:
-        for n in native.eval_chunks(llm, tokens, n_batch):
-            bar.update(n)
+    with stats.collecting(llm):
+        Session(llm, n_batch=n_batch).read(tokens, progress=True, desc=desc, leave=False)
     st = stats.AttentionStats.read(llm)
     by_layer = np.stack([st.mass_by_distance(layer=i) for i in range(st.count.shape[0])])
     return {"tokens": len(tokens), "bin_lower": st.bin_lower.tolist(), "mass_by_layer": by_layer.tolist(),
