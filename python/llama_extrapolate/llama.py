@@ -160,8 +160,10 @@ class Llama(llama_cpp.Llama):
         """``memory_answer``: "select" (every decode selects the memory's blocks anew) or "hold" (a decode of two
         or more tokens, a document's chunk or a question, selects them and keeps them; a decode of one token, an
         answer's, attends to the kept ones). An answer token then costs what the kept blocks cost, not a selection
-        over the document: at Llama-2-7B's shapes 0.15 s instead of 3 s (docs/memory.md)."""
-        if mode not in ("select", "hold"):
+        over the document: at Llama-2-7B's shapes 0.28 s instead of 3.3 s (docs/memory.md)."""
+        from .config import MEMORY_ANSWER_MODES
+
+        if mode not in MEMORY_ANSWER_MODES:
             raise ValueError(f"memory_answer={mode!r}: use 'select' (each answer token selects the memory's blocks) "
                              "or 'hold' (the answer attends to the blocks its question selected)")
         if mode == "hold" and not self.attention_resolved.memory:

@@ -18,7 +18,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .model_info import ModelInfo
 
 MEMORY_TYPE_CHOICES = ("q8_0", "q4_0", "f16", "f32")
-MEMORY_ANSWER_CHOICES = ("select", "hold")
 MEMORY_SELECTION_CHOICES = ("head", "layer")
 PROFILE_MODE_CHOICES = ("pmax", "entropy")
 
@@ -51,7 +50,7 @@ class OptionSpec:
 
 
 def _specs() -> Dict[str, OptionSpec]:
-    from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
+    from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_ANSWER_MODES, MEMORY_CANDIDATES_PER_BLOCK
 
     specs = [
         OptionSpec("sinks", int, "S, the sink tokens (default: the model's metadata, else 10)", minimum=0),
@@ -84,7 +83,7 @@ def _specs() -> Dict[str, OptionSpec]:
                    "what the answer attends to in the memory: the blocks its question selected (hold, the default: "
                    "an answer token then costs what those blocks cost, whatever the document's length) or blocks "
                    "each answer token selects anew (select: a scan of the candidates at every token)",
-                   choices=MEMORY_ANSWER_CHOICES),
+                   choices=MEMORY_ANSWER_MODES),
         OptionSpec("memory_type", str, "how the memory stores keys and values (default q8_0, f16 for heads not "
                                        "a multiple of 32)", choices=MEMORY_TYPE_CHOICES),
         OptionSpec("profile", str, "calibration profile: softmax temperature schedule tau(p)"),
