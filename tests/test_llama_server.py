@@ -126,6 +126,7 @@ def test_same_answer_as_the_python_library(server):
     from llama_extrapolate.server import ExtrapolateModelSettings, attention_settings
 
     built = attention_settings(ExtrapolateModelSettings(window=WINDOW, memory_capacity=CAPACITY, n_threads=2))
+    built["kwargs"]["memory_answer"] = "select"  # as llama-server answers: its patch selects at every token
     llm = Llama(built["model"], n_ctx=built["n_ctx"], n_threads=2, n_batch=512, n_ubatch=512, verbose=False,
                 **built["kwargs"])
     try:
@@ -159,6 +160,8 @@ def test_a_stream_read_on_is_re_based_as_the_library_does(binary, tiny_llama, tm
     model, path = tiny_llama
     built = attention_settings(ExtrapolateModelSettings(model=str(path), **settings))
     assert built["resolved"].memory == (settings["memory_blocks"] > 0)
+    if built["resolved"].memory:
+        built["kwargs"]["memory_answer"] = "select"  # as llama-server answers: its patch selects at every token
     prompt = [1] + np.random.default_rng(11).integers(3, model.n_vocab, size=700).tolist()
     # the answer kept to ASCII bytes: the server reports a token's probabilities once its text is whole (they are
     # the raw logits', which a bias does not change)
