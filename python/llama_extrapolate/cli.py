@@ -221,11 +221,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                n_ctx=args.n_ctx)
     memory = {}
     if resolved.memory:
-        from .options import AttentionOptions, memory_type_for
+        from .options import AttentionOptions
 
-        memory_type = args.memory_type or memory_type_for(info)
-        memory = dict(memory_path=args.memory_file, memory_keep=args.keep_memory, memory_type=memory_type,
-                      memory_answer=AttentionOptions.of(args).memory_answer_or_default(),
+        options = AttentionOptions.of(args)
+        memory = dict(memory_path=args.memory_file, memory_keep=args.keep_memory,
+                      memory_type=options.memory_type_on(info), memory_answer=options.memory_answer_or_default(),
                       memory_capacity=reader.memory_capacity(resolved, info, document, args.prompt,
                                                              max_tokens=args.max_tokens))
     elif args.memory_file is not None or args.keep_memory:

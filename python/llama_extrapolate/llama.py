@@ -177,6 +177,8 @@ class Llama(llama_cpp.Llama):
         held = self._held_at is not None and self.n_tokens >= self._held_at
         mode = "hold" if n_tokens == 1 and held else "keep"
         native.memory_set_hold(self._attention_context("eval"), mode)
+        if mode == "keep":
+            self._held_at = None  # until the decode has kept its selection
         return mode
 
     def _check_question_tokens(self, n: Optional[int]) -> Optional[int]:
@@ -232,11 +234,11 @@ class Llama(llama_cpp.Llama):
         """The store's bytes for ``tokens`` (default: the capacity its file reserved): the keys and values of every
         stored layer and KV head in the store's type, whole blocks, and the file's header. ``run`` says it before
         reading: at Llama-2-7B's shapes in q8_0 it is 235 KB a token, 30 GB for 128k tokens."""
-        from .config import MEMORY_TYPES
+        import gguf
 
         mi = self.memory_info()
-        per_value = {MEMORY_TYPES["q8_0"]: 34 / 32, MEMORY_TYPES["q4_0"]: 18 / 32, MEMORY_TYPES["f16"]: 2,
-                     MEMORY_TYPES["f32"]: 4}[mi["type"]]
+        block_values, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(mi["type"])]
+        per_value = block_bytes / block_values
         layers = [il for il in range(mi["layer_first"], self.model_info.block_count)
                   if il not in self.model_info.recurrent_layers]
         n = self.memory_capacity if tokens is None else int(tokens)
@@ -400,9 +402,8 @@ class Llama(llama_cpp.Llama):
         """Decode tokens; with a window, the stream may grow past n_ctx (the cache stays bounded). With
         ``question_tokens`` the last ones of the call read with the middle keys, the rest without."""
         tokens = list(tokens)
-        hold = self.memory_answer == "hold" and bool(tokens) and not self.vocab_only
-        if hold and self._set_memory_hold_for(len(tokens)) == "keep":
-            self._held_at = None  # until the decode has kept its selection
+        keeps = (self.memory_answer == "hold" and bool(tokens) and not self.vocab_only
+                 and self._set_memory_hold_for(len(tokens)) == "keep")
         if self.question_tokens is None or self.vocab_only:
             self._eval(tokens)
         else:
@@ -412,7 +413,7 @@ class Llama(llama_cpp.Llama):
                 self._eval(tokens[:split])
             self.set_top_k_active(True)
             self._eval(tokens[split:])
-        if hold and self._held_at is None and self.top_k_state[0] > 0:
+        if keeps and self.top_k_state[0] > 0:
             self._held_at = self.n_tokens  # (the memory selects only for the middle keys: not while they are off)
 
     def generate(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:

@@ -359,10 +359,10 @@ def llama_server_args(settings: ExtrapolateSettings) -> List[str]:
     args += ["--override-kv", ",".join(f"{key}={override_kv_value(value)}"
                                        for key, value in resolved.kv_overrides(info.architecture).items())]
     kwargs = built["kwargs"]
-    if resolved.memory and settings.memory_answer == "hold":
-        raise ValueError("memory_answer=hold with --llama_server: llama.cpp's server selects the memory's blocks at "
-                         "every answer token; use `llama-extrapolate serve` without --llama_server to hold them")
     if resolved.memory:
+        if settings.memory_answer == "hold":
+            raise ValueError("memory_answer=hold with --llama_server: llama.cpp's server selects the memory's blocks "
+                             "at every answer token; use `llama-extrapolate serve` without --llama_server to hold them")
         args += ["--memory-capacity", str(kwargs["memory_capacity"]), "--memory-type", kwargs["memory_type"]]
         if kwargs.get("memory_dir"):
             args += ["--memory-dir", kwargs["memory_dir"]]

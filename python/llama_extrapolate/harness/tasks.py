@@ -230,6 +230,11 @@ def shared_readings(configs: Sequence[str]) -> List[tuple]:
     return [(names[0], names) if len(names) == 1 else (reader, names) for reader, names in groups.items()]
 
 
+def holds(name: str) -> bool:
+    """Whether configuration ``name``'s answer holds the blocks its question selected (a memory's ':hold')."""
+    return NamedConfig.is_memory_name(name) and NamedConfig.parse(name).hold
+
+
 def question_top_k(name: str, attention) -> int:
     """The top_k a question of configuration ``name`` takes after a reading with ``attention`` (a memory's):
     0 for 'lambda' (the memory unused), else the memory's rule (config.memory_question_top_k)."""
@@ -321,13 +326,11 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
                     if len(names) == 1:
                         answers = {reader: stream.greedy(p.tokens, n_new,
                                                          p.question_start if st.top_k_question else None,
-                                                         hold=NamedConfig.is_memory_name(reader)
-                                                         and NamedConfig.parse(reader).hold)}
+                                                         hold=holds(reader))}
                     else:
                         answers = stream.ask_each(p.tokens[:p.question_start], p.tokens[p.question_start:], n_new,
                                                   {n: question_top_k(n, st.attention) for n in pending},
-                                                  {n: NamedConfig.is_memory_name(n) and NamedConfig.parse(n).hold
-                                                   for n in pending})
+                                                  {n: holds(n) for n in pending})
                     seconds = time.perf_counter() - t0
                     for name, out in answers.items():
                         text = llm.detokenize(out).decode("utf-8", errors="replace")
