@@ -623,13 +623,15 @@ def test_a_disk_too_small_is_an_error_before_reading(tiny, tmp_path):
 
 
 def test_named_file_is_removed_unless_kept(tiny, tmp_path):
-    _, path, tokens = tiny
+    model, path, tokens = tiny
     for keep in (False, True):
         f = tmp_path / f"memory-{keep}.bin"
         llm = make_llm(path, memory_config(), memory_path=str(f), memory_keep=keep)
         try:
             llm.eval(tokens[:120])
-            assert f.exists() and llm.memory_info()["n_blocks"] == (120 - S) // B
+            n_blocks = llm.memory_info()["n_blocks"]
+            assert f.exists() and n_blocks == (120 - S) // B
+            stored = stored_blocks(llm, model, n_blocks)
         finally:
             llm.close()
         assert f.exists() == keep
@@ -637,8 +639,17 @@ def test_named_file_is_removed_unless_kept(tiny, tmp_path):
     head = np.frombuffer(f.read_bytes()[8:8 + 9 * 8], dtype=np.uint64)
     assert f.read_bytes()[:8] == b"LXMEM001"
     version, n_layer, h0, n_kv, hd, block, type_id, n_blocks, record = (int(x) for x in head)
-    assert (version, n_layer, h0, n_kv, hd, block, type_id) == (1, 2, H0, 2, 16, B, 0)
+    assert (version, n_layer, h0, n_kv, hd, block, type_id) == (2, 2, H0, 2, 16, B, 0)
     assert n_blocks == (120 - S) // B and f.stat().st_size >= 4096 + n_blocks * record
+    # record layout 2: per stored layer the K rows of every KV head, then their V rows (a layer's keys are one run of
+    # the file, which the rerank reads without the values), as the library reads them back
+    n_stored = n_layer - h0
+    assert record == n_stored * 2 * n_kv * block * hd * 4
+    rows = np.frombuffer(f.read_bytes()[4096:4096 + n_blocks * record], dtype=np.float32)
+    rows = rows.reshape(n_blocks, n_stored, 2, n_kv, block * hd)
+    for (ib, il, g), (k, v) in stored.items():
+        np.testing.assert_array_equal(rows[ib, il - h0, 0, g], np.asarray(k).reshape(-1))
+        np.testing.assert_array_equal(rows[ib, il - h0, 1, g], np.asarray(v).reshape(-1))
 
 
 def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_path, capsys):
