@@ -902,9 +902,12 @@ def test_hold_modes_are_checked(tiny):
 
 def test_a_quantized_store_keeps_its_region_in_q8_0(tmp_path):
     """With a q8_0 store the kept region is q8_0 too (34 bytes per 32 values: a Llama-2-7B region of 64 blocks of 64
-    in 27 layers takes 0.96 GB where F16 took 1.8): the keys come back as stored, the values round once more. With m
-    above the selectable blocks every ubatch selects all of them, so until one more block becomes selectable an
-    answer step that selects reads the same blocks a hold keeps: there the logits agree within that rounding."""
+    in 27 layers takes 0.96 GB where F16 took 1.8) and enters the products as it is (no F32 copy at every answer
+    step; the queries round to q8_0, as llama.cpp's attention rounds them over a q8_0 K cache). With m above the
+    selectable blocks every ubatch selects all of them, so until one more block becomes selectable an answer step
+    that selects reads the same blocks a hold keeps. Against F32 everywhere, the held q8_0 region's logits stay within
+    half again the error of selecting from an F16 store into an F16 cache (the precision of the defaults; this random
+    model magnifies rounding: a q8_0 K cache alone moves its logits by 10%)."""
     from tinymodel import TinyLlama
 
     model = TinyLlama(n_embd=128, n_layer=4)  # head size 32: one q8_0 block
@@ -914,12 +917,13 @@ def test_a_quantized_store_keeps_its_region_in_q8_0(tmp_path):
     m = 8  # six blocks are selectable for the question at 250, seven from position 259 on
     q_end = QUESTION + 2
     runs = {}
-    for mode in ("hold", "select"):
-        llm = make_llm(path, memory_config(memory_blocks=m), memory_type="q8_0", type_k=1, type_v=1)
+    for name, mode, store, cache in [("hold", "hold", "q8_0", 1), ("select", "select", "q8_0", 1),
+                                     ("f16", "select", "f16", 1), ("f32", "select", "f32", 0)]:
+        llm = make_llm(path, memory_config(memory_blocks=m), memory_type=store, type_k=cache, type_v=cache)
         try:
             before = llm.memory_info()["bytes_in_ram"]
-            runs[mode] = answer_steps(llm, tokens, q_end, mode)
-            runs[mode + "_ram"] = llm.memory_info()["bytes_in_ram"] - before
+            runs[name] = answer_steps(llm, tokens, q_end, mode)
+            runs[name + "_ram"] = llm.memory_info()["bytes_in_ram"] - before
             info = llm.memory_info()  # what run reports before reading is what the store takes
             assert llm.memory_disk_bytes(info["n_blocks"] * B) == info["bytes_on_disk"], info
         finally:
@@ -934,6 +938,9 @@ def test_a_quantized_store_keeps_its_region_in_q8_0(tmp_path):
     while same < len(sel_steps) and blocks(sel_steps[same]) == kept:
         same += 1
     assert same >= 5 and same < len(sel_steps), "steps before 259 select the kept blocks, steps after one more"
+    assert all(blocks(s) == kept for s in runs["f32"][1][:same]), "the F32 run selects the same blocks there"
     span = slice(q_end, q_end + same)
-    err = np.abs(held[span] - selecting[span]).max() / np.abs(selecting[span]).max()
-    assert 0 < err < 2e-2, f"held q8_0 region vs selected F16 region: relative logit error {err}"
+    exact = runs["f32"][0][span]
+    err = lambda got: np.abs(got[span] - exact).max() / np.abs(exact).max()
+    e_held, e_f16 = err(held), err(runs["f16"][0])
+    assert 0 < e_held < 1.5 * e_f16, f"held q8_0 region: relative logit error {e_held}, F16 store and cache {e_f16}"
