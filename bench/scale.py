@@ -114,8 +114,8 @@ def run(args) -> None:
             store = os.path.join(args.store_dir, f"scale-{args.shape}-{os.getpid()}.kvstore")
             kwargs["memory_path"] = store
             if args.capacity:
-                # the bound scores every block the memory can hold: a short reading costs a step what it costs
-                # at the capacity's length (the reading's own time and bytes stay those of the short one)
+                # the summaries are sized for the capacity (their RAM is the capacity's); the bound and the rerank
+                # score the blocks the reading wrote (rounded up to m), so the steps cost what the reading holds
                 if args.capacity < n_total:
                     raise SystemExit(f"--capacity {args.capacity} is below the {n_total} tokens read and asked")
                 kwargs["memory_capacity"] = args.capacity
