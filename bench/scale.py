@@ -158,7 +158,7 @@ def main(argv=None) -> int:
                     help="lambda, memory (the library's default m and c), memory:m=N:c=C[:passages]; a memory "
                          "configuration ending in :hold answers from the blocks its question kept")
     ap.add_argument("--capacity", type=int, default=0,
-                    help="tokens the memory is opened for (default: what is read): the step cost at that length")
+                    help="tokens the memory is opened for (default: what is read): the summaries' RAM at that length")
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--n-batch", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
