@@ -7,6 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
+import patch_doc  # noqa: E402
 import series_check  # noqa: E402
 import upstream  # noqa: E402
 
@@ -64,3 +65,13 @@ def test_docs_describe_the_series_as_built():
     doc = (ROOT / "docs" / "patches.md").read_text()
     sections = re.findall(r"^## (\d{4}-[a-z0-9-]+)$", doc, flags=re.M)
     assert sections == [p.stem for p in PATCHES]
+
+
+def test_docs_hold_each_patchs_header_and_file_counts():
+    """Each section's description is its patch's DEP-3 header and its file lines count the patch's diff, and the
+    net line sums the series: an amended patch whose page was not rewritten (tools/patch_doc.py) fails here."""
+    assert patch_doc.main(["--check"]) == 0
+    doc = (ROOT / "docs" / "patches.md").read_text()
+    broken = doc.replace("`llama-kv-store.h` +", "`llama-kv-store.h` +1", 1)
+    assert broken != doc and patch_doc.rewrite(broken) == doc
+
