@@ -121,14 +121,14 @@ def run_passkey(args, results: dict) -> None:
             t0 = time.perf_counter()
             stream.reset()
             llm.set_top_k(0)
-            stream.feed(p.tokens[:p.question_start])
+            stream.session.read(p.tokens[:p.question_start])
             read_s = time.perf_counter() - t0
             answers = {}
             for name, (k, h0, dist) in table.items():
-                stream.rollback(p.question_start)
+                stream.context.rollback(p.question_start)
                 llm.set_top_k(k, layer=h0, distance=dist)  # k = 0: off
-                logits = stream.feed(p.tokens[p.question_start:])
-                text = llm.detokenize(stream.answer(logits, N_NEW)).decode("utf-8", errors="replace")
+                answer = stream.answer_question(p.tokens[p.question_start:], N_NEW)
+                text = llm.detokenize(answer).decode("utf-8", errors="replace")
                 answers[name] = {"answer": text.strip(), "correct": first_number(text) == p.key}
             pk["trials"].append({"length": L, "depth": d, "trial": t, "tokens": len(p.tokens), "key": p.key,
                                  "read_seconds": read_s, "seconds": time.perf_counter() - t0, "answers": answers})
@@ -195,7 +195,7 @@ def run_cost(args, results: dict) -> None:
             t0 = time.perf_counter()
             block_t = t0
             for s in tqdm(range(0, n, 512), desc=name[:30], unit="ubatch"):
-                stream.feed(tokens[s:s + 512])
+                stream.session.read(tokens[s:s + 512])
                 if (s + 512) % 2048 == 0:
                     now = time.perf_counter()
                     marks[s + 512] = 2048 / (now - block_t)
@@ -205,10 +205,9 @@ def run_cost(args, results: dict) -> None:
                 llm.set_top_k_active(True)
             dec = []
             for _ in range(3):
-                stream.rollback(n)
+                stream.context.rollback(n)
                 t1 = time.perf_counter()
-                logits = stream.feed(tokens[n:n + 1])
-                stream.answer(logits, 32)
+                stream.answer_question(tokens[n:n + 1], 33)  # 33 decodes: the token, then 32 answer steps
                 dec.append(33 / (time.perf_counter() - t1))
         finally:
             stream.close()

@@ -190,15 +190,21 @@ def test_one_reading_asked_three_ways_equals_three_readings(tiny_wide, monkeypat
     from llama_extrapolate.harness import tasks
     from llama_extrapolate.harness.evaluate import setup_for
     from llama_extrapolate.model_info import read_model_info
+    from llama_extrapolate.session import Session
 
     model, path = tiny_wide
     info = read_model_info(str(path))
     tokens = random_tokens(model, 430, seed=5)
     doc, question = tokens[:400], tokens[400:]
-    seen = []
-    answer = tasks.Stream.answer
-    monkeypatch.setattr(tasks.Stream, "answer", lambda self, logits, n: answer(self, seen.append(logits.copy()) or
-                                                                                logits, n))
+    seen = []  # the logits after each question
+    ask = Session.ask
+
+    def recording(self, question, **kw):
+        asked = ask(self, question, **kw)
+        seen.append(self.backend.last_logits().copy())
+        return asked
+
+    monkeypatch.setattr(Session, "ask", recording)
 
     def stream_for(name):
         st = setup_for(name, info, len(tokens) + 8, 32, window=32, sinks=4)

@@ -185,3 +185,170 @@ def test_the_hold_is_released_after_an_exception(memory, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         Session(llm).ask(question, hold=True)
     assert calls == ["keep", "select"]
+
+
+def test_answer_tokens_stop_before_the_stop_token(fresh, text_tokens):
+    """``answer_tokens``: the first token and then a step each, cut before the end-of-text token (the retrieval
+    tasks' answer)."""
+    from llama_extrapolate.session import Session
+
+    question = fresh.tokenize(b" Where did the fog come from in summer? It came from the", add_bos=False)
+    session = Session(fresh)
+    session.read(text_tokens)
+    asked = session.ask(question)
+    want = [asked.token] + [s.token for s in asked.answer(4)]
+    for n in (0, 1, 5):
+        fresh.reset()
+        session.read(text_tokens)
+        assert session.ask(question).answer_tokens(n) == want[:n]
+    fresh.reset()
+    session.read(text_tokens)
+    assert session.ask(question).answer_tokens(5, stop=want[2]) == want[:2]
+    with pytest.raises(ValueError, match="answer_tokens: n=-1"):
+        asked.answer_tokens(-1)
+
+
+# --- the raw-context backend (the retrieval tasks', with llama.cpp's context shift) ------------------------------
+def test_the_raw_context_reads_asks_and_holds_as_the_llama_does(tiny_llama):
+    """ContextBackend decodes the same chunks at the same positions as a Llama's eval (LlamaBackend): the question
+    asked with the memory's blocks held gets the same answer, step for step, with the same logits."""
+    from llama_extrapolate.session import ContextBackend, LlamaBackend, Session
+
+    model, path = tiny_llama
+    tokens = random_tokens(model, N_DOC + N_QUESTION, seed=2)
+    runs = {}
+    for name in ("llama", "context"):
+        llm = memory_llm(path)
+        backend = LlamaBackend(llm) if name == "llama" else ContextBackend(llm, llm.n_batch)
+        try:
+            session = Session(backend)
+            assert session.has_memory and session.n_batch == 64
+            session.read(tokens[:N_DOC])
+            llm.set_top_k_active(True)
+            with session.ask(tokens[N_DOC:], hold=True) as asked:
+                answer, logits = [asked.token], [backend.last_logits().copy()]
+                for step in asked.answer(N_ANSWER):
+                    answer.append(step.token)
+                    logits.append(backend.last_logits().copy())
+            runs[name] = answer, np.array(logits, dtype=np.float64)
+        finally:
+            if name == "context":
+                backend.close()
+            llm.close()
+    assert runs["context"][0] == runs["llama"][0]
+    # the Llama reads every row's logits (logits_all), the raw context the last row's only: the same rows
+    np.testing.assert_allclose(runs["context"][1], runs["llama"][1], rtol=0, atol=1e-5)
+
+
+def shifted_by_hand(path, document, question, n_answer, *, cells, n_batch, n_keep):
+    """(answer tokens, logits of each greedy choice) of a greedy answer to ``question`` after ``document`` on a plain
+    llama_cpp.Llama, llama.cpp's context shift written out with llama_cpp's own calls as llama-cli does it: when a
+    chunk does not fit, drop the older half of the tokens after the first n_keep and move the rest back. Nothing of
+    llama_extrapolate.native is used, so that it checks the backend rather than restating it."""
+    import llama_cpp
+
+    ref = llama_cpp.Llama(str(path), n_ctx=cells, n_batch=n_batch, n_ubatch=n_batch, n_threads=2, type_k=0, type_v=0,
+                          verbose=False)
+    ctx, batch = ref.ctx, llama_cpp.llama_batch_init(n_batch, 0, 1)
+    mem = llama_cpp.llama_get_memory(ctx)
+    assert llama_cpp.llama_n_ctx(ctx) == cells
+    state = {"n_past": 0, "shifts": 0}
+
+    def decode(chunk):
+        n_past = state["n_past"]
+        if n_past + len(chunk) > cells:
+            n_discard = (n_past - n_keep) // 2
+            assert llama_cpp.llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard)
+            llama_cpp.llama_memory_seq_add(mem, 0, n_keep + n_discard, n_past, -n_discard)
+            n_past -= n_discard
+            state["shifts"] += 1
+        batch.n_tokens = len(chunk)
+        for i, token in enumerate(chunk):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, n_past + i, 1
+            batch.seq_id[i][0], batch.logits[i] = 0, i == len(chunk) - 1
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        state["n_past"] = n_past + len(chunk)
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(ref.n_vocab(),)).copy()
+
+    try:
+        for start in range(0, len(document), n_batch):
+            decode(document[start:start + n_batch])
+        logits = [decode(question)]
+        answer = [int(np.argmax(logits[-1]))]
+        for _ in range(n_answer):
+            logits.append(decode(answer[-1:]))
+            answer.append(int(np.argmax(logits[-1])))
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        ref.close()
+    assert state["shifts"] >= 2, "the document must make the cache shift"
+    return answer, np.array(logits, dtype=np.float64)
+
+
+def test_the_context_shift_backend_gives_llama_cpps_context_shift(tiny_llama):
+    """The 'context-shift' configuration's logits: a 700-token document through a 256-cell cache (several shifts,
+    one while answering) asked through a Session on ContextBackend, against the shift written by hand on a plain
+    llama_cpp.Llama."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.session import ContextBackend, Session
+
+    model, path = tiny_llama
+    tokens = random_tokens(model, 720, seed=11)
+    document, question = tokens[:700], tokens[700:]
+    want, want_logits = shifted_by_hand(path, document, question, N_ANSWER, cells=256, n_batch=32, n_keep=4)
+
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig.vanilla(), n_ctx=256, n_batch=32, n_ubatch=32,
+                                  n_threads=2, verbose=False, type_k=0, type_v=0)
+    try:
+        with ContextBackend(llm, 32, context_shift=4) as backend:
+            session = Session(backend)
+            session.read(document)
+            assert backend.n_past < len(document)  # shifted
+            asked = session.ask(question)
+            got, logits = [asked.token], [backend.last_logits().copy()]
+            for step in asked.answer(N_ANSWER):
+                got.append(step.token)
+                logits.append(backend.last_logits().copy())
+    finally:
+        llm.close()
+    assert got == want
+    # the same decodes on the same cells: bit for bit on the CPU
+    np.testing.assert_array_equal(np.array(logits, dtype=np.float64), want_logits)
+
+
+def test_the_raw_context_refuses_bad_input(tiny_llama):
+    import llama_cpp
+
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.session import ContextBackend, Session
+
+    _, path = tiny_llama
+    llm = llama_extrapolate.Llama(str(path), attention=AttentionConfig.vanilla(), n_ctx=256, n_batch=32, n_ubatch=32,
+                                  n_threads=2, verbose=False)
+    try:
+        for n_batch in (0, True, 32.0):
+            with pytest.raises(ValueError, match="n_batch="):
+                ContextBackend(llm, n_batch)
+        for n_keep in (-1, 256, True, 4.0):
+            with pytest.raises(ValueError, match=r"context_shift=.*0\.\.255"):
+                ContextBackend(llm, 32, context_shift=n_keep)
+        with ContextBackend(llm, 32) as backend:
+            assert not backend.has_memory
+            with pytest.raises(ValueError, match="no document memory"):
+                Session(backend).ask([5, 6], hold=True)
+    finally:
+        llm.close()
+    with pytest.raises(TypeError, match="expected a live"):
+        ContextBackend(llm, 32)  # closed
+    with pytest.raises(TypeError, match="expected a live"):
+        ContextBackend("model.gguf", 32)
+    vocab = llama_cpp.Llama(str(path), n_ctx=64, vocab_only=True, verbose=False)
+    try:
+        with pytest.raises(ValueError, match="vocab_only"):
+            ContextBackend(vocab, 32)
+        with pytest.raises(ValueError, match="vocab_only"):
+            Session(vocab)  # a llama_cpp.Llama's vocab_only is in its model_params
+    finally:
+        vocab.close()

@@ -6,19 +6,24 @@ between chunks (``interrupt.check``), shows one kind of progress bar, times the 
 the document memory's hold around a question and its answer where nothing can leave it set: a "hold" left on
 would make every later decode attend to an old question's blocks.
 
-A ``Session`` wraps a ``Llama`` of this package or a plain ``llama_cpp.Llama``; the stream stays the Llama's
-(``reset`` it there). Scoring that needs every row's logits or explicit positions is ``native.Stream``'s.
+A ``Session`` decodes on a ``Backend``: ``LlamaBackend``, the ``eval`` of a ``Llama`` of this package or a plain
+``llama_cpp.Llama`` (what ``Session(llm)`` takes; the stream stays the Llama's, ``reset`` it there), or
+``ContextBackend``, the Llama's raw context at positions it counts itself, with llama.cpp's context shift when asked
+(the retrieval tasks' 'context-shift' baseline, which the Llama's eval cannot do). Scoring that needs every row's
+logits is ``native.Stream``'s.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, List, Optional, Sequence, Union
 
-from . import interrupt
-from .native import greedy_next
+import numpy as np
+
+from . import interrupt, native
 
 
 @dataclass(frozen=True)
@@ -54,30 +59,144 @@ def _token_list(tokens: Sequence[int], what: str) -> list:
     return [int(t) for t in tokens]
 
 
-class Session:
-    """Reading and asking on one Llama: ``read`` a stream n_batch tokens a decode, ``ask`` a question (its first
-    greedy token and time), ``steps`` of a greedy answer.
+def _count(n: Any, what: str, counted: str) -> int:
+    """``n`` as a count of answer ``counted`` ("steps", "tokens"); anything but an int >= 0 is refused with its
+    name."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"{what}: n={n!r}: give the number of answer {counted}, an int >= 0")
+    return n
 
-    ``n_batch``: tokens per decode, the Llama's own by default; a smaller value makes an interrupt or a progress
-    update come sooner, a larger one is split by the Llama's eval anyway.
-    """
 
-    def __init__(self, llm: Any, *, n_batch: Optional[int] = None) -> None:
+def _vocab_only(llm: Any) -> bool:
+    """Whether ``llm`` was loaded with vocab_only=True (a tokenizer: no layers to decode with, though a
+    llama_cpp.Llama has a context all the same)."""
+    params = getattr(llm, "model_params", None)
+    return bool(getattr(llm, "vocab_only", False) or getattr(params, "vocab_only", False))
+
+
+def _reads_with_memory(llm: Any) -> bool:
+    """Whether ``llm`` is a Llama of this package loaded with the document memory (a llama_cpp.Llama has none)."""
+    resolved = getattr(llm, "attention_resolved", None)
+    return bool(resolved is not None and resolved.memory)
+
+
+class Backend(ABC):
+    """What a ``Session`` decodes on. The session chunks, times, checks for interrupts and holds the memory's
+    blocks; a backend only decodes tokens after its stream and gives the last decode's logits, so that the reading
+    and asking are written once whichever way the tokens reach llama.cpp."""
+
+    n_batch: int  # the tokens a decode takes: the session's default chunk
+
+    @property
+    @abstractmethod
+    def has_memory(self) -> bool:
+        """Whether the model reads with the document memory (only then is there a selection to hold)."""
+
+    @abstractmethod
+    def eval(self, tokens: List[int]) -> None:
+        """Decode ``tokens`` after the stream (one chunk of the session's)."""
+
+    @abstractmethod
+    def last_logits(self) -> np.ndarray:
+        """The logits of the last token of the last decode (a view, valid until the next decode)."""
+
+    @abstractmethod
+    def memory_hold(self, mode: str) -> None:
+        """Set the document memory's hold mode ("select", "keep", "hold"; see ``Llama.memory_hold``)."""
+
+    def next_token(self) -> int:
+        """The greedy choice after the last decode: the argmax of its last logits."""
+        return int(np.argmax(self.last_logits()))
+
+
+class LlamaBackend(Backend):
+    """A Llama's own ``eval``: llama-cpp-python keeps the token ids, so its prefix reuse, ``generate`` and
+    ``save_state`` see what the session read, and a ``Llama`` of this package reads a Lambda stream past n_ctx and
+    applies its ``question_tokens`` and ``memory_answer``. The stream is the Llama's (``reset`` it there)."""
+
+    def __init__(self, llm: Any) -> None:
         if not callable(getattr(llm, "eval", None)) or not hasattr(llm, "n_batch"):
             raise TypeError(f"Session: expected a llama_extrapolate.Llama or llama_cpp.Llama, got {type(llm).__name__}")
-        if getattr(llm, "vocab_only", False):
+        if _vocab_only(llm):
             raise ValueError("Session: this Llama was loaded with vocab_only=True (tokenizer only, no layers); load it "
                              "without vocab_only to read and ask")
-        n_batch = llm.n_batch if n_batch is None else n_batch
-        if isinstance(n_batch, bool) or not isinstance(n_batch, int) or n_batch < 1:
-            raise ValueError(f"Session: n_batch={n_batch!r}: give the tokens per decode, an int >= 1 (e.g. 512)")
-        self.llm, self.n_batch = llm, n_batch
+        self.llm, self.n_batch = llm, int(llm.n_batch)
 
     @property
     def has_memory(self) -> bool:
-        """Whether the Llama reads with the document memory (only then is there a selection to hold)."""
-        resolved = getattr(self.llm, "attention_resolved", None)
-        return bool(resolved is not None and resolved.memory)
+        return _reads_with_memory(self.llm)
+
+    def eval(self, tokens: List[int]) -> None:
+        self.llm.eval(tokens)
+
+    def last_logits(self) -> np.ndarray:
+        return native.last_logits(self.llm.ctx, self.llm.n_vocab())
+
+    def memory_hold(self, mode: str) -> None:
+        self.llm.memory_hold(mode)
+
+
+class ContextBackend(native.Stream, Backend):
+    """The Llama's raw context, decoded at positions counted here (``native.Stream``), with llama.cpp's context shift
+    when ``context_shift`` (n_keep) is set: when a chunk does not fit the cache, the older half of the tokens after
+    the first n_keep is dropped and the rest moved back, keys re-rotated (llama-cli's, the StreamingLLM-like
+    baseline). A Llama's eval stops at n_ctx instead, so the retrieval tasks read and ask on this backend, every
+    configuration alike. llama-cpp-python's token ids are not kept: ``reset`` here empties the cache and forgets them.
+    """
+
+    def __init__(self, llm: Any, n_batch: int, context_shift: Optional[int] = None, *,
+                 full_hint: str = "raise n_ctx, use a Lambda window or a context shift") -> None:
+        if _vocab_only(llm):
+            raise ValueError("ContextBackend: this Llama was loaded with vocab_only=True (tokenizer only, no cache); "
+                             "load it without vocab_only to read and ask")
+        if getattr(llm, "ctx", None) is None or not callable(getattr(llm, "n_vocab", None)):
+            raise TypeError(f"ContextBackend: expected a live llama_extrapolate.Llama or llama_cpp.Llama, got "
+                            f"{type(llm).__name__} (closed?)")
+        if isinstance(n_batch, bool) or not isinstance(n_batch, int) or n_batch < 1:
+            raise ValueError(f"ContextBackend: n_batch={n_batch!r}: give the tokens per decode, an int >= 1 (e.g. 512)")
+        cells = native.n_cells(llm.ctx)
+        if context_shift is not None and (isinstance(context_shift, bool) or not isinstance(context_shift, int)
+                                          or not 0 <= context_shift < cells):
+            raise ValueError(f"ContextBackend: context_shift={context_shift!r}: give n_keep, the tokens the shift "
+                             f"keeps at the start, an int in 0..{cells - 1} (the cache has {cells} cells), or None "
+                             "for no shift")
+        super().__init__(llm, n_batch, context_shift, full_hint=full_hint)
+
+    @property
+    def has_memory(self) -> bool:
+        return _reads_with_memory(self.llm)
+
+    def eval(self, tokens: List[int]) -> None:
+        for _ in self.chunks(tokens, logits="last"):
+            pass
+
+    def last_logits(self) -> np.ndarray:
+        return native.last_logits(self.ctx, self.llm.n_vocab())
+
+    def memory_hold(self, mode: str) -> None:
+        self.llm.memory_hold(mode)
+
+
+class Session:
+    """Reading and asking on one model: ``read`` a stream n_batch tokens a decode, ``ask`` a question (its first
+    greedy token and time), ``steps`` of a greedy answer.
+
+    ``llm``: a ``Backend``, or a Llama (this package's or llama_cpp's), which is read through its own eval
+    (``LlamaBackend``). ``n_batch``: tokens per decode, the backend's own by default; a smaller value makes an
+    interrupt or a progress update come sooner, a larger one is split by the backend anyway.
+    """
+
+    def __init__(self, llm: Union[Backend, Any], *, n_batch: Optional[int] = None) -> None:
+        self.backend = llm if isinstance(llm, Backend) else LlamaBackend(llm)
+        n_batch = self.backend.n_batch if n_batch is None else n_batch
+        if isinstance(n_batch, bool) or not isinstance(n_batch, int) or n_batch < 1:
+            raise ValueError(f"Session: n_batch={n_batch!r}: give the tokens per decode, an int >= 1 (e.g. 512)")
+        self.n_batch = n_batch
+
+    @property
+    def has_memory(self) -> bool:
+        """Whether the model reads with the document memory (only then is there a selection to hold)."""
+        return self.backend.has_memory
 
     # --- reading --------------------------------------------------------------------------------
     def chunks(self, tokens: Sequence[int]) -> Iterator[int]:
@@ -89,7 +208,7 @@ class Session:
         for start in range(0, len(tokens), self.n_batch):
             interrupt.check()
             chunk = tokens[start:start + self.n_batch]
-            self.llm.eval(chunk)
+            self.backend.eval(chunk)
             yield len(chunk)
 
     def read(self, tokens: Sequence[int], *, progress: bool = False, desc: str = "reading",
@@ -116,19 +235,19 @@ class Session:
     # --- asking ---------------------------------------------------------------------------------
     def next_token(self) -> int:
         """The greedy choice after the last decode."""
-        return greedy_next(self.llm)
+        return self.backend.next_token()
 
     def steps(self, token: int, n: int) -> Iterator[Step]:
         """``n`` greedy steps from ``token``: each decodes the previous token alone (the first step ``token``) and
         yields the next greedy choice with the step's time. Each step is its own decode, as an answer is."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"steps: n={n!r}: give the number of answer steps, an int >= 0")
-        token = int(token)
+        return self._steps(int(token), _count(n, "steps", "steps"))
+
+    def _steps(self, token: int, n: int) -> Iterator[Step]:
         for _ in range(n):
             interrupt.check()
             t0 = time.perf_counter()
-            self.llm.eval([token])
-            token = greedy_next(self.llm)
+            self.backend.eval([token])
+            token = self.backend.next_token()
             yield Step(token=token, seconds=time.perf_counter() - t0)
 
     def ask(self, question: Sequence[int], *, hold: bool = False) -> "Question":
@@ -148,17 +267,17 @@ class Session:
                              "with the document memory")
         t0 = time.perf_counter()
         if hold:
-            self.llm.memory_hold("keep")
+            self.backend.memory_hold("keep")
         try:
             for _ in self._chunks(question):
                 pass
-            first = greedy_next(self.llm)
+            first = self.backend.next_token()
             seconds = time.perf_counter() - t0
             if hold:
-                self.llm.memory_hold("hold")
+                self.backend.memory_hold("hold")
         except BaseException:
             if hold:
-                self.llm.memory_hold("select")
+                self.backend.memory_hold("select")
             raise
         return Question(self, token=first, seconds=seconds, tokens=len(question), held=hold)
 
@@ -181,11 +300,23 @@ class Question:
         answer's tokens are ``token`` and then each step's."""
         return self.session.steps(self.token, n)
 
+    def answer_tokens(self, n: int, *, stop: Optional[int] = None) -> List[int]:
+        """The greedy answer's first ``n`` tokens, ``token`` and then a step each, ending before ``stop`` (the
+        end-of-text token) when it comes. The last token kept is not decoded: nothing reads what follows it."""
+        n = _count(n, "answer_tokens", "tokens")
+        tokens: List[int] = []
+        token, steps = self.token, self.answer(max(n - 1, 0))
+        while len(tokens) < n and token != stop:
+            tokens.append(token)
+            if len(tokens) < n:
+                token = next(steps).token
+        return tokens
+
     def close(self) -> None:
         """Release the hold: the memory selects its blocks at each decode again."""
         if self._held:
             self._held = False
-            self.session.llm.memory_hold("select")
+            self.session.backend.memory_hold("select")
 
     def __enter__(self) -> "Question":
         return self

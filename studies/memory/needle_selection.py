@@ -121,15 +121,16 @@ def main(argv=None) -> int:
                     read_s = time.perf_counter() - t0
                     llm.set_top_k(args.top_k)
                     llm.set_top_k_active(True)
-                    logits = stream.feed(prompt.tokens[prompt.question_start:])
+                    asked = stream.session.ask(prompt.tokens[prompt.question_start:])
                     steps, answer = [selected(llm, layers, blocks)], []
                     other_steps = [selected(llm, layers, other_blocks)]
+                    # each answer token is decoded, and the selection of its decode read, before the next is chosen
+                    token, following = asked.token, asked.answer(N_NEW)
                     for _ in range(N_NEW):
-                        t = int(np.argmax(logits))
-                        if t == llm.token_eos():
+                        if token == llm.token_eos():
                             break
-                        answer.append(t)
-                        logits = stream.feed([t])
+                        answer.append(token)
+                        token = next(following).token
                         steps.append(selected(llm, layers, blocks))
                         other_steps.append(selected(llm, layers, other_blocks))
                     text = llm.detokenize(answer).decode(errors="replace").strip()

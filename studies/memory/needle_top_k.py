@@ -71,10 +71,10 @@ def ask(model, info, prompt, depth, m, args, out) -> None:
         t0 = time.perf_counter()
         stream.read_document(prompt.tokens[:prompt.question_start])
         read_s = time.perf_counter() - t0
-        state, n_past = llm.save_state(), stream.n_past
+        state, n_past = llm.save_state(), stream.context.n_past
         for k in (int(x) for x in args.top_k.split(",")):
             llm.load_state(state)
-            stream.n_past = n_past
+            stream.context.n_past = n_past
             llm.set_top_k(k)
             t1 = time.perf_counter()
             answer = llm.detokenize(stream.ask(prompt.tokens[prompt.question_start:], 10)).decode(errors="replace")

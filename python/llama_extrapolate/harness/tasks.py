@@ -25,6 +25,7 @@ from ..jsonfile import read_json_if, write_json_atomic, writes_one_file
 from ..native import load_tokenizer
 from ..reader import common_prefix  # noqa: F401 (tasks.common_prefix is what callers used)
 from ..names import NamedConfig
+from ..session import ContextBackend, Session
 
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                  "I will quiz you about the important information there.")
@@ -127,8 +128,30 @@ def llama_detok(tokenize, ids, sample: str) -> str:
     return sample[:lo]
 
 
-class Stream(native.Stream):
-    """Greedy decoding of one prompt on a raw llama context, with llama.cpp's context shift when asked."""
+class Stream:
+    """Greedy answers to retrieval prompts: a ``Session`` on the Llama's raw context (``ContextBackend``), with
+    llama.cpp's context shift when ``context_shift`` (n_keep) is set (the 'context-shift' configuration). The
+    reading, the question and the hold of the memory's blocks around it are the Session's; what is the task's is
+    where the middle keys switch on (the question's start, top_k_scope 'question'), the end-of-text stop and the
+    one reading asked several ways from a saved state (``ask_each``)."""
+
+    def __init__(self, llm, n_batch: int, context_shift: Optional[int] = None) -> None:
+        self.llm = llm
+        self.context = ContextBackend(llm, n_batch, context_shift)
+        self.session = Session(self.context)
+
+    def close(self) -> None:
+        self.context.close()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def reset(self) -> None:
+        """An empty cache at position 0."""
+        self.context.reset()
 
     def greedy(self, prompt: Sequence[int], n_new: int, question_start: Optional[int] = None,
                hold: bool = False) -> List[int]:
@@ -138,7 +161,7 @@ class Stream(native.Stream):
             if hold:
                 raise ValueError("hold: the answer holds the blocks of a question; give question_start")
             self.reset()
-            return self.answer(self.feed(prompt), n_new)
+            return self.answer_question(prompt, n_new)
         self.read_document(prompt[:question_start])
         return self.ask(prompt[question_start:], n_new, hold)
 
@@ -146,7 +169,7 @@ class Stream(native.Stream):
         """A new stream of ``document`` with the middle keys off (the reading; ``ask`` switches them on)."""
         self.reset()
         self.llm.set_top_k_active(False)
-        self.feed(document)
+        self.session.read(document)
 
     def ask(self, question: Sequence[int], n_new: int, hold: bool = False) -> List[int]:
         """Greedy answer to ``question`` after the document in the cache, with the middle keys on; with ``hold``
@@ -155,16 +178,10 @@ class Stream(native.Stream):
         return self.answer_question(question, n_new, hold)
 
     def answer_question(self, question: Sequence[int], n_new: int, hold: bool = False) -> List[int]:
-        """Greedy answer to ``question`` with the attention as it is set (the held blocks as ``ask`` says)."""
-        if not hold:
-            return self.answer(self.feed(question), n_new)
-        try:
-            self.llm.memory_hold("keep")
-            logits = self.feed(question)
-            self.llm.memory_hold("hold")
-            return self.answer(logits, n_new)
-        finally:
-            self.llm.memory_hold("select")
+        """Greedy answer to ``question`` with the attention as it is set (the held blocks as ``ask`` says): at most
+        ``n_new`` tokens, up to the end of text."""
+        with self.session.ask(question, hold=hold) as asked:
+            return asked.answer_tokens(n_new, stop=self.llm.token_eos())
 
     def ask_each(self, document: Sequence[int], question: Sequence[int], n_new: int,
                  top_ks: Dict[str, int], holds: Optional[Dict[str, bool]] = None) -> Dict[str, List[int]]:
@@ -179,26 +196,15 @@ class Stream(native.Stream):
         with tempfile.TemporaryDirectory(prefix="llama-extrapolate-reading-") as tmp:
             state = Path(tmp) / "reading.state"
             if len(top_ks) > 1:
-                native.write_state_file(self.ctx, state, document)
+                native.write_state_file(self.context.ctx, state, document)
             for i, (name, k) in enumerate(top_ks.items()):
                 if i > 0:
                     self.reset()
-                    if native.read_state_file(self.ctx, state, len(document)) != list(document):
+                    if native.read_state_file(self.context.ctx, state, len(document)) != list(document):
                         raise RuntimeError(f"the state saved after the reading ({state}) did not load back")
-                    self.n_past = len(document)
+                    self.context.n_past = len(document)
                 self.llm.set_top_k(k)
                 out[name] = self.answer_question(question, n_new, bool((holds or {}).get(name)))
-        return out
-
-    def answer(self, logits: np.ndarray, n_new: int) -> List[int]:
-        out = []
-        eos = self.llm.token_eos()
-        for _ in range(n_new):
-            t = int(np.argmax(logits))
-            if t == eos:
-                break
-            out.append(t)
-            logits = self.feed([t])
         return out
 
 
