@@ -818,7 +818,7 @@ else:
 
 def test_t5_refuses_the_lambda_knobs_and_a_decode_before_its_encoder(tmp_path):
     """T5 reads its input with the encoder, all at once and without a cache (patch 0014): the Lambda knobs are refused
-    at load with the reason (the temperature for its relative position bias, patch 0009). llama-cpp-python's Llama
+    at load with the reason (the temperature for its relative position bias too). llama-cpp-python's Llama
     decodes a T5 prompt without encoding it, which aborted the process in llama.cpp: the decode is refused now."""
     import llama_cpp
 
@@ -1104,8 +1104,8 @@ for overrides in json.loads(sys.argv[2]):
 def test_jamba_without_a_position_encoding_refuses_the_ceiling_and_the_memory(jamba, capsys):
     """A distance ceiling has no position encoding to bound and the document memory no bounded distance to score its
     keys at: both are refused with the reason, in Python before loading (knob_support and AttentionConfig, which
-    say the same) and in llama.cpp at load from the file's metadata. The Lambda mask, the temperature and the top-k
-    keys load (exact, above); info says all that."""
+    say the same) and in llama.cpp from the file's metadata as the context is created. The Lambda mask, the
+    temperature and the top-k keys load (exact, above); info says all that."""
     import json
 
     from llama_extrapolate import read_model_info
@@ -1121,18 +1121,20 @@ def test_jamba_without_a_position_encoding_refuses_the_ceiling_and_the_memory(ja
     assert {k: v for k, v in support.items() if v is not None} == {
         "ceiling": "no position encoding (no RoPE, no ALiBi)",
         "memory": "no RoPE or ALiBi, through which the document memory scores its keys at a bounded distance"}, support
-    # plain llama_cpp with the settings in the metadata: the ceiling and the memory refused as the model loads (the
-    # memory for want of a position encoding, patch 0012; its recurrent layers no longer refuse it)
+    # plain llama_cpp with the settings in the metadata: the ceiling and the memory refused as the context is created,
+    # with knob_support's reasons (the library's one list, patch 0014; the hybrid's recurrent layers refuse neither)
     key = "jamba.attention.lambda."
     ceiling, memory = _survives(_LOAD_WITH_OVERRIDES, path, json.dumps([
         {key + "window": 32, key + "ceiling": 16},
         {key + "sink_count": 4, key + "window": 32, key + "top_k": 3, key + "memory_blocks": 2,
          key + "memory_block_size": 32}])).splitlines()
-    assert ceiling.startswith("refused: Failed to load model from file"), ceiling
-    assert "jamba.attention.lambda.ceiling = 16: a distance ceiling needs RoPE or ALiBi, and jamba has neither" in ceiling
-    assert memory.startswith("refused: Failed to load model from file"), memory
-    assert ("jamba.attention.lambda.memory_blocks = 2: the document memory scores its keys at a bounded distance "
-            "through RoPE or ALiBi, and jamba has neither") in memory, memory
+    assert ceiling.startswith("refused: Failed to create llama_context"), ceiling
+    assert ("the distance ceiling (jamba.attention.lambda.ceiling = 16) is not supported with no position encoding "
+            "(no RoPE, no ALiBi); set jamba.attention.lambda.ceiling = 0") in ceiling, ceiling
+    assert memory.startswith("refused: Failed to create llama_context"), memory
+    assert ("the document memory (jamba.attention.lambda.memory_blocks = 2) is not supported with no RoPE or ALiBi, "
+            "through which the document memory scores its keys at a bounded distance; set "
+            "jamba.attention.lambda.memory_blocks = 0") in memory, memory
     out = _hybrid_info(path, capsys)
     assert "position         none (no RoPE, no ALiBi)" in out, out
     assert "NoPE layers" not in out, out
