@@ -278,11 +278,11 @@ def _every_family():
     from tinymodel import (TinyDeepseek2, TinyGemma2, TinyGemma3, TinyGpt2, TinyGptOss, TinyJamba, TinyLfm2, TinyMamba,
                            TinyMPT, TinyT5)
 
-    return {"llama": TinyLlama, **FAMILIES, "mpt-alibi": TinyMPT, "gpt2-learned-positions": lambda: TinyGpt2(n_ctx_train=512),
-            "t5": TinyT5, "gemma2": TinyGemma2, "gemma3": TinyGemma3, "gemma3-five-layers": lambda: TinyGemma3(n_layer=5),
-            "gpt-oss": TinyGptOss, "deepseek2-mla": TinyDeepseek2, "qwen2vl-mrope": lambda: TinyLlama(arch="qwen2vl"),
-            "lfm2": TinyLfm2, "lfm2-sliding-window": lambda: TinyLfm2(sliding_window=16), "mamba": TinyMamba,
-            "jamba": TinyJamba}
+    return {"llama": TinyLlama, **FAMILIES, "mpt-alibi": TinyMPT,
+            "gpt2-learned-positions": lambda: TinyGpt2(n_ctx_train=512), "t5": TinyT5, "gemma2": TinyGemma2,
+            "gemma3": TinyGemma3, "gemma3-five-layers": lambda: TinyGemma3(n_layer=5), "gpt-oss": TinyGptOss,
+            "deepseek2-mla": TinyDeepseek2, "qwen2vl-mrope": lambda: TinyLlama(arch="qwen2vl"), "lfm2": TinyLfm2,
+            "lfm2-sliding-window": lambda: TinyLfm2(sliding_window=16), "mamba": TinyMamba, "jamba": TinyJamba}
 
 
 def _knob_metadata(arch: str) -> dict:
