@@ -12,7 +12,9 @@
 #include <llama-extrapolate.h>
 #include <ggml-backend.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -156,6 +158,38 @@ py::dict model_layers(std::uintptr_t model_address) {
     d["swa"]       = std::vector<bool>(swa.begin(), swa.end());
     d["recurrent"] = std::vector<bool>(recurrent.begin(), recurrent.end());
     return d;
+}
+
+// the knobs of llama_ext_model_get_refusal by the names the Python package gives them
+const std::pair<const char *, llama_ext_knob> KNOBS[] = {
+    {"lambda", LLAMA_EXT_KNOB_LAMBDA}, {"ceiling", LLAMA_EXT_KNOB_CEILING},
+    {"temperature", LLAMA_EXT_KNOB_TEMPERATURE}, {"top_k", LLAMA_EXT_KNOB_TOP_K}, {"memory", LLAMA_EXT_KNOB_MEMORY},
+};
+
+// the library's reason for refusing a knob on a loaded model, or None where it takes it
+std::optional<std::string> model_refusal(std::uintptr_t model_address, const std::string & knob) {
+    const auto [model, n_layer] = model_from_address(model_address);
+    const auto * it = std::find_if(std::begin(KNOBS), std::end(KNOBS), [&](const auto & k) { return knob == k.first; });
+    if (it == std::end(KNOBS)) {
+        std::string names;
+        for (const auto & k : KNOBS) {
+            names += std::string(names.empty() ? "" : ", ") + k.first;
+        }
+        throw py::value_error("knob '" + knob + "': use one of " + names);
+    }
+    const int32_t n = llama_ext_model_get_refusal(model, it->second, nullptr, 0);
+    if (n == LLAMA_EXT_ERR_UNSUPPORTED) {
+        throw py::value_error("llama_ext_model_get_refusal: a vocab-only model has no hyperparameters to answer from; "
+                              "load the model with no_alloc=True instead (hyperparameters and tensor metadata, no data)");
+    }
+    check_status(n < 0 ? n : 0, "llama_ext_model_get_refusal");
+    if (n == 0) {
+        return std::nullopt;
+    }
+    std::string why(n + 1, '\0');
+    llama_ext_model_get_refusal(model, it->second, why.data(), why.size());
+    why.resize(n);
+    return why;
 }
 
 py::dict model_devices(std::uintptr_t model_address) {
@@ -408,6 +442,8 @@ PYBIND11_MODULE(_core, m) {
           "{layers: [device name per layer], output: device name} of a loaded llama_model");
     m.def("model_layers", &model_layers, py::arg("model_address"),
           "per layer: does it rotate q and k (RoPE), is it a sliding-window layer, a recurrent one");
+    m.def("model_refusal", &model_refusal, py::arg("model_address"), py::arg("knob"),
+          "why the library refuses a knob (lambda, ceiling, temperature, top_k, memory) on a loaded model, or None");
     m.def("model_attention", &model_attention, py::arg("model_address"),
           "Lambda-attention and temperature parameters a model was loaded with");
     m.def("set_temperature", &set_temperature, py::arg("ctx_address"), py::arg("tau"), py::arg("log_length"),

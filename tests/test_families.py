@@ -273,6 +273,74 @@ def test_knob_support_says_what_loading_does(family, tiny_mpt_model, tiny_llama)
         assert all(reason is None for reason in _support_holds(path).values()), path
 
 
+def _every_family():
+    """A tiny model of each family these tests hold the knobs to: name -> a model to write."""
+    from tinymodel import (TinyDeepseek2, TinyGemma2, TinyGemma3, TinyGpt2, TinyGptOss, TinyJamba, TinyLfm2, TinyMamba,
+                           TinyMPT, TinyT5)
+
+    return {"llama": TinyLlama, **FAMILIES, "mpt-alibi": TinyMPT,
+            "gpt2-learned-positions": lambda: TinyGpt2(n_ctx_train=512), "t5": TinyT5, "gemma2": TinyGemma2,
+            "gemma3": TinyGemma3, "gemma3-five-layers": lambda: TinyGemma3(n_layer=5), "gpt-oss": TinyGptOss,
+            "deepseek2-mla": TinyDeepseek2, "qwen2vl-mrope": lambda: TinyLlama(arch="qwen2vl"), "lfm2": TinyLfm2,
+            "lfm2-sliding-window": lambda: TinyLfm2(sliding_window=16), "mamba": TinyMamba, "jamba": TinyJamba}
+
+
+def _knob_metadata(arch: str) -> dict:
+    """Each knob of knob_support asked as the GGUF metadata asks it, with no more than the knobs it needs (the top-k
+    keys a window, the memory both)."""
+    key = f"{arch}.attention.lambda."
+    window = {key + "sink_count": 4, key + "window": 32}
+    top_k = {**window, key + "top_k": 3, key + "top_k_layer": 1}
+    return {"lambda": window, "ceiling": {key + "ceiling": 16},
+            "temperature": {f"{arch}.attention.softmax_temperature": 0.9}, "top_k": top_k,
+            "memory": {**top_k, key + "memory_blocks": 2, key + "memory_block_size": 32}}
+
+
+_LOAD_EACH = """
+import json, sys
+from llama_extrapolate import logs  # first: llama_cpp on the patched library
+import llama_cpp
+for overrides in json.loads(sys.argv[2]):
+    mark = logs.error_mark()
+    try:
+        llama_cpp.Llama(sys.argv[1], n_ctx=256, n_batch=64, flash_attn=False, verbose=False,
+                        kv_overrides=overrides).close()
+    except ValueError as exc:
+        print(json.dumps({"refused": str(exc), "log": logs.errors_since(mark)}))
+    else:
+        print(json.dumps({"refused": None}))
+"""
+
+
+@pytest.mark.parametrize("name", sorted(_every_family()))
+def test_knob_support_is_what_the_library_refuses(tmp_path, name):
+    """For each family, each knob that knob_support says refused is refused by the library, asked through plain
+    llama_cpp (no Python check before it) with only that knob's metadata, and the library's reason is knob_support's
+    word for word; each knob said supported loads. knob_support asks the library's own list
+    (llama_ext_model_get_refusal), so the two cannot drift."""
+    import json
+    import re
+
+    from llama_extrapolate import knob_support, read_model_info
+
+    path = _every_family()[name]().write(tmp_path / f"tiny-{name}.gguf")
+    info = read_model_info(path)
+    support = knob_support(info)
+    metadata = _knob_metadata(info.architecture)
+    assert set(support) == set(metadata)
+    out = _survives(_LOAD_EACH, path, json.dumps([metadata[knob] for knob in support]))
+    for (knob, reason), line in zip(support.items(), out.splitlines(), strict=True):
+        got = json.loads(line)
+        if reason is None:
+            assert got["refused"] is None, f"{name}, {knob}: said supported, the library refused: {got['log']}"
+            continue
+        assert got["refused"] is not None, f"{name}, {knob}: said refused ({reason}), the library loaded it"
+        said = re.search(r"is not supported with (.*?); set ", got["log"])
+        assert said is not None and said.group(1) == reason, f"{name}, {knob}: said {reason!r}, got {got['log']}"
+    if name in ("llama", "mpt-alibi", *FAMILIES):
+        assert all(reason is None for reason in support.values()), support  # (the families that take every knob)
+
+
 def test_sliding_window_layers_are_shown_and_the_global_layers_take_the_window(tmp_path):
     """Gemma 3's sliding-window layers keep their own window: the Lambda window, its ceiling and the temperature
     load (they apply to the global layers, see below); the top-k keys and the memory, which select among one cache
@@ -514,24 +582,21 @@ def test_a_temperature_on_a_sliding_window_layer_is_refused(gemma3):
         llm.close()
 
 
-@pytest.mark.parametrize("facts, words", [(dict(learned_sinks=True), "learned attention sinks"),
-                                          (dict(architecture="t5"), "T5's relative position bias")])
-def test_a_temperature_the_softmax_would_not_take_whole_is_refused(tiny_llama, monkeypatch, facts, words):
+@pytest.mark.parametrize("family, words", [("gpt-oss", "learned attention sinks"),
+                                           ("t5", "T5's relative position bias")])
+def test_a_temperature_the_softmax_would_not_take_whole_is_refused(tmp_path, family, words):
     """gpt-oss's learned sink logits and T5's relative bias enter the softmax beside the logits, where the
     temperature does not reach: refused (knob_support says so, and Llama before loading; llama.cpp refuses
     llama_ext_set_temperature too) instead of a softmax that is not the paper's."""
-    from dataclasses import replace
-
-    import llama_extrapolate.llama as llama_module
     from llama_extrapolate import AttentionConfig, knob_support, read_model_info
+    from tinymodel import TinyGptOss, TinyT5
 
-    info = replace(read_model_info(tiny_llama[1]), **facts)
-    assert words in knob_support(info)["temperature"]
-    monkeypatch.setattr(llama_module, "read_model_info", lambda path: info)
+    path = {"gpt-oss": TinyGptOss, "t5": TinyT5}[family]().write(tmp_path / f"tiny-{family}.gguf")
+    assert words in knob_support(read_model_info(path))["temperature"]
     with pytest.raises(ValueError, match=words):  # (the temperature alone: T5 refuses the Lambda window too)
-        make_llm(tiny_llama[1], AttentionConfig(**KNOB_CONFIGS["temperature"]))
-    if "architecture" not in facts:  # (the settings go in under the architecture's name: a llama file here)
-        make_llm(tiny_llama[1], AttentionConfig(**LAMBDA)).close()  # no temperature: loads
+        make_llm(path, AttentionConfig(**KNOB_CONFIGS["temperature"]))
+    if family == "gpt-oss":
+        make_llm(path, AttentionConfig(**LAMBDA)).close()  # no temperature: loads
 
 
 def test_learned_sink_logits_refuse_the_temperature_in_python_and_in_the_library(tmp_path):
@@ -818,7 +883,7 @@ else:
 
 def test_t5_refuses_the_lambda_knobs_and_a_decode_before_its_encoder(tmp_path):
     """T5 reads its input with the encoder, all at once and without a cache (patch 0014): the Lambda knobs are refused
-    at load with the reason (the temperature for its relative position bias, patch 0009). llama-cpp-python's Llama
+    at load with the reason (the temperature for its relative position bias too). llama-cpp-python's Llama
     decodes a T5 prompt without encoding it, which aborted the process in llama.cpp: the decode is refused now."""
     import llama_cpp
 
@@ -1104,8 +1169,8 @@ for overrides in json.loads(sys.argv[2]):
 def test_jamba_without_a_position_encoding_refuses_the_ceiling_and_the_memory(jamba, capsys):
     """A distance ceiling has no position encoding to bound and the document memory no bounded distance to score its
     keys at: both are refused with the reason, in Python before loading (knob_support and AttentionConfig, which
-    say the same) and in llama.cpp at load from the file's metadata. The Lambda mask, the temperature and the top-k
-    keys load (exact, above); info says all that."""
+    say the same) and in llama.cpp from the file's metadata as the context is created. The Lambda mask, the
+    temperature and the top-k keys load (exact, above); info says all that."""
     import json
 
     from llama_extrapolate import read_model_info
@@ -1121,18 +1186,20 @@ def test_jamba_without_a_position_encoding_refuses_the_ceiling_and_the_memory(ja
     assert {k: v for k, v in support.items() if v is not None} == {
         "ceiling": "no position encoding (no RoPE, no ALiBi)",
         "memory": "no RoPE or ALiBi, through which the document memory scores its keys at a bounded distance"}, support
-    # plain llama_cpp with the settings in the metadata: the ceiling and the memory refused as the model loads (the
-    # memory for want of a position encoding, patch 0012; its recurrent layers no longer refuse it)
+    # plain llama_cpp with the settings in the metadata: the ceiling and the memory refused as the context is created,
+    # with knob_support's reasons (the library's one list, patch 0014; the hybrid's recurrent layers refuse neither)
     key = "jamba.attention.lambda."
     ceiling, memory = _survives(_LOAD_WITH_OVERRIDES, path, json.dumps([
         {key + "window": 32, key + "ceiling": 16},
         {key + "sink_count": 4, key + "window": 32, key + "top_k": 3, key + "memory_blocks": 2,
          key + "memory_block_size": 32}])).splitlines()
-    assert ceiling.startswith("refused: Failed to load model from file"), ceiling
-    assert "jamba.attention.lambda.ceiling = 16: a distance ceiling needs RoPE or ALiBi, and jamba has neither" in ceiling
-    assert memory.startswith("refused: Failed to load model from file"), memory
-    assert ("jamba.attention.lambda.memory_blocks = 2: the document memory scores its keys at a bounded distance "
-            "through RoPE or ALiBi, and jamba has neither") in memory, memory
+    assert ceiling.startswith("refused: Failed to create llama_context"), ceiling
+    assert ("the distance ceiling (jamba.attention.lambda.ceiling = 16) is not supported with no position encoding "
+            "(no RoPE, no ALiBi); set jamba.attention.lambda.ceiling = 0") in ceiling, ceiling
+    assert memory.startswith("refused: Failed to create llama_context"), memory
+    assert ("the document memory (jamba.attention.lambda.memory_blocks = 2) is not supported with no RoPE or ALiBi, "
+            "through which the document memory scores its keys at a bounded distance; set "
+            "jamba.attention.lambda.memory_blocks = 0") in memory, memory
     out = _hybrid_info(path, capsys)
     assert "position         none (no RoPE, no ALiBi)" in out, out
     assert "NoPE layers" not in out, out

@@ -85,6 +85,33 @@ def test_core_rejects_null_context():
         llama_extrapolate._core.context_info(0)
 
 
+def test_model_refusal_needs_the_hyperparameters(small_llm, default_model):
+    """llama_ext_model_get_refusal answers from a loaded model's hyperparameters: a full load and the no_alloc load
+    read_model_info makes answer alike; a vocab-only load, which has none, is refused with the fix rather than
+    answered "takes every knob"; an unknown knob is named."""
+    import os
+
+    import llama_cpp
+
+    import llama_extrapolate
+    from llama_extrapolate import native
+
+    core = llama_extrapolate._core
+    address = native.model_address(small_llm)
+    assert {knob: core.model_refusal(address, knob) for knob in ("lambda", "memory")} == {"lambda": None, "memory": None}
+    with pytest.raises(ValueError, match="knob 'window': use one of lambda, ceiling, temperature, top_k, memory"):
+        core.model_refusal(address, "window")
+    assert native.model_layout(default_model, ("ceiling",))["refusals"] == {"ceiling": None}
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(os.fsencode(default_model), params)
+    try:
+        with pytest.raises(ValueError, match="vocab-only model has no hyperparameters.*no_alloc=True"):
+            core.model_refusal(ctypes.cast(model, ctypes.c_void_p).value, "lambda")
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
 def test_llama_cpp_imported_first_is_refused():
     proc = run_python("import llama_cpp\nimport llama_extrapolate\n")
     assert proc.returncode != 0

@@ -92,19 +92,34 @@ def _field_value(field) -> Any:
 
 
 def _layout_from_library(path: Path) -> dict:
-    """Ask the patched llama.cpp (native.model_layout) how it builds the architecture: RoPE type, NoPE and
-    sliding-window layers."""
+    """Ask the patched llama.cpp (native.model_layout) how it builds the architecture (RoPE type, NoPE,
+    sliding-window and recurrent layers) and why it refuses each of the KNOBS on it. One load per file (path, size
+    and modification time), shared by read_model_info and knob_support."""
     from . import logs
     from .native import model_layout  # loaded on the patched library by the package import
 
-    mark = logs.error_mark()
-    layout = model_layout(path)
+    key = _file_key(path)
+    layout = _LAYOUT_CACHE.get(key)
     if layout is None:
-        reason = logs.errors_since(mark) or "unsupported architecture or corrupt tensors"
-        raise InvalidModelError(f"{path}: llama.cpp could not load this model: {reason}")
+        mark = logs.error_mark()
+        layout = model_layout(path, KNOBS)
+        if layout is None:
+            reason = logs.errors_since(mark) or "unsupported architecture or corrupt tensors"
+            raise InvalidModelError(f"{path}: llama.cpp could not load this model: {reason}")
+        _LAYOUT_CACHE[key] = layout
     return layout
 
 
+def _file_key(path: Path) -> Tuple[str, int, int]:
+    if path.is_dir():
+        raise ModelNotFoundError(f"model path {path} is a directory: pass the path of a .gguf file")
+    if not path.is_file():
+        raise ModelNotFoundError(f"model file {path} does not exist: pass the path of a .gguf file")
+    st = path.stat()
+    return (str(path), st.st_size, st.st_mtime_ns)
+
+
+_LAYOUT_CACHE: Dict[Tuple[str, int, int], dict] = {}
 _INFO_CACHE: Dict[Tuple[str, int, int], "ModelInfo"] = {}
 
 
@@ -115,12 +130,7 @@ def read_model_info(path: Union[str, os.PathLike]) -> ModelInfo:
     is kept per file (path, size and modification time), so one load parses the GGUF once and a file changed
     on disk is read afresh. ModelInfo is frozen, so the shared copy cannot be altered by a caller."""
     path = Path(path)
-    if path.is_dir():
-        raise ModelNotFoundError(f"model path {path} is a directory: pass the path of a .gguf file")
-    if not path.is_file():
-        raise ModelNotFoundError(f"model file {path} does not exist: pass the path of a .gguf file")
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
+    key = _file_key(path)
     info = _INFO_CACHE.get(key)
     if info is None:
         info = _INFO_CACHE[key] = _read_model_info(path)
@@ -224,8 +234,8 @@ def _attention_keys(arch: str) -> dict:
             "log_length": f"{a}.softmax_temperature.log_length"}
 
 
-# why a model takes no Lambda window whatever its layers (AttentionConfig.resolve's refusals, llama.cpp's at load:
-# patch 0014)
+# why a model takes no Lambda window whatever its layers, for AttentionConfig.resolve to refuse before loading: the
+# library's words (llama_model::ext_refusal, patch 0014), which tests/test_families.py holds knob_support's to
 LEARNED_POSITIONS = "learned absolute position embeddings (none past the training length)"
 ENCODER_MODEL = "an encoder model (T5: its encoder reads the whole input at once, which the Lambda window does not bound)"
 
@@ -234,47 +244,9 @@ KNOBS = ("lambda", "ceiling", "temperature", "top_k", "memory")
 
 
 def knob_support(info: ModelInfo) -> Dict[str, Optional[str]]:
-    """Each knob -> None when the patched library accepts it on this model, else the reason it refuses it at load
-    (the same reason its exception gives: llama.cpp's refusal in llama_context, or the configuration's). Said here
-    so that ``info`` can answer before a model is loaded; tests/test_families.py holds it to what loading does."""
-    from .config import MEMORY_POSITION_ENCODINGS
-
-    # the Lambda window, the ceiling and the temperature apply to the global layers of a model with sliding-window
-    # layers (those keep their own window); the top-k keys and the memory select among one cache for every layer
-    swa = "sliding-window layers" if info.swa_layers else None
-    # a model of recurrent layers only has no attention to act on; a hybrid one caches its attention layers apart,
-    # and they take every knob (the document memory stores their keys, patch 0012)
-    recurrent = None
-    if info.recurrent_layers and len(info.recurrent_layers) == info.block_count:
-        recurrent = "a recurrent model (it has no attention layers)"
-    # the Lambda window, its ceiling and the temperature act on the global layers: with every attention layer
-    # sliding-window (LFM2 with a window, a layer pattern without a global layer) there is none (patch 0014)
-    no_global = None
-    if info.no_global_attention and not recurrent:
-        no_global = "a model without a global attention layer (every attention layer is sliding-window)"
-    # learned positions, an encoder model: no Lambda window at all (the temperature touches no position: not refused)
-    no_lambda = info.lambda_refusal
-    rotated = None
-    ceiling = None
-    if info.position_encoding == "none":
-        ceiling = "no position encoding (no RoPE, no ALiBi)"  # as AttentionConfig.resolve says
-    elif info.position_encoding == "rope":
-        if info.rope_type not in ("normal", "neox"):
-            rotated = "multi-section RoPE"
-    if info.latent_attention:
-        # llama.cpp refuses them at load (the K-only cache's attention path has neither); the Lambda mask and the
-        # temperature apply there as everywhere
-        rotated = "a K-only cache (MLA)"
-    memory = rotated
-    if info.position_encoding not in MEMORY_POSITION_ENCODINGS:
-        memory = "no RoPE or ALiBi, through which the document memory scores its keys at a bounded distance"
-    # the temperature divides the logits; terms the softmax adds beside them it would not reach (patch 0009)
-    temperature = None
-    if info.learned_sinks:
-        temperature = "learned attention sinks (a logit per head that the temperature would not divide)"
-    elif info.architecture in ("t5", "t5encoder"):
-        temperature = "T5's relative position bias (added to the logits, which the temperature would not divide)"
-    return {"lambda": no_lambda or recurrent or no_global,
-            "ceiling": no_lambda or ceiling or rotated or recurrent or no_global,
-            "temperature": temperature or recurrent or no_global,
-            "top_k": no_lambda or swa or rotated or recurrent, "memory": no_lambda or swa or memory or recurrent}
+    """Each knob -> None when the patched library accepts it on this model, else the reason it refuses it: the
+    library's own (llama_ext_model_get_refusal), from the one list its refusals at context creation read, so the
+    reason here is the one its exception gives. Asked of the file's hyperparameters in the load read_model_info
+    makes (no tensor data), so that ``info`` and the options can answer before a model is loaded."""
+    refusals = _layout_from_library(Path(info.path))["refusals"]
+    return {knob: refusals[knob] for knob in KNOBS}

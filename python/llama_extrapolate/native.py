@@ -90,13 +90,19 @@ def model_devices(obj: Any) -> dict:
 
 
 # --- the model file -----------------------------------------------------------------------------
-def model_layout(path: Path) -> Optional[dict]:
-    """How llama.cpp builds the model of ``path`` (a memory-mapped load: no tensor read): its RoPE type, and per
-    layer whether it rotates q and k (``rope``, False on NoPE layers) and is a sliding-window layer (``swa``);
-    None when llama.cpp cannot load the file (the caller names the model and the fix)."""
+def model_layout(path: Path, knobs: Sequence[str] = ()) -> Optional[dict]:
+    """How llama.cpp builds the model of ``path``: its RoPE type, and per layer whether it rotates q and k (``rope``,
+    False on NoPE layers), is a sliding-window layer (``swa``) or a recurrent one (``recurrent``); and ``refusals``,
+    the library's reason for refusing each of ``knobs`` on this model (None where it takes it), from the list its
+    refusals at context creation read. None when llama.cpp cannot load the file (the caller names the model and the
+    fix).
+
+    A no_alloc load: the hyperparameters and the tensors' metadata, no tensor data (vocab_only skips the
+    hyperparameters, and a memory-mapped load faults the whole file in); no_alloc needs the file unmapped."""
     params = llama_cpp.llama_model_default_params()
-    # vocab_only would skip the hparams and no_alloc aborts on some architectures: a memory-mapped load without
-    # weight repacking, so that no tensor is read
+    params.no_alloc = True
+    params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+    params.lazy_mode = llama_cpp.LLAMA_LAZY_MODE_OFF
     params.use_extra_bufts = False
     params.n_gpu_layers = 0
     # llama.cpp's loader logs every metadata key at INFO; keep errors only, as Llama(verbose=False) does
@@ -110,8 +116,10 @@ def model_layout(path: Path) -> Optional[dict]:
     if not model:
         return None
     try:
-        layers = _core.model_layers(ctypes.cast(model, ctypes.c_void_p).value)
-        return {"rope_type": int(llama_cpp.llama_model_rope_type(model)), **layers}
+        address = ctypes.cast(model, ctypes.c_void_p).value
+        layers = _core.model_layers(address)
+        refusals = {knob: _core.model_refusal(address, knob) for knob in knobs}
+        return {"rope_type": int(llama_cpp.llama_model_rope_type(model)), **layers, "refusals": refusals}
     finally:
         llama_cpp.llama_model_free(model)
 
