@@ -577,12 +577,14 @@ def table_memory_scale(r: Path) -> str:
                      f"{run['read_tok_s']:.0f}",
                      f"{short['first_token_s']:.2f} s / {long_['first_token_s']:.2f} s",
                      f"{short['answer_step_mean_s']:.3f} s",
+                     f"{short['question_read_bytes'] / 1e9:.2f} GB",
                      f"{short['answer_rchar_per_token'] / 1e6:,.0f} MB",
                      f"{run['memory_ram_bytes'] / 1e9:.2f} GB" if "memory_ram_bytes" in run else DASH,
                      f"{run['peak_rss_bytes'] / 1e9:.2f} GB"])
     return md(["configuration", "model and stream", "reading tok/s",
                f"first token ({d['runs'][0]['short_question']['question_tokens']}- / 128-token question)",
-               "answer step", "store read per answer token", "memory RAM", "peak RSS"], rows)
+               "answer step", "disk read by the short question", "store read per answer token", "memory RAM",
+               "peak RSS"], rows)
 
 
 def table_server_ttft(r: Path) -> str:
@@ -635,6 +637,15 @@ def table_status(r: Path) -> str:
                    + f" the bounded stream, first answer token {e['question_s']:.1f} s, "
                    f"{e['answer_tok_s']:.1f} tokens/s, {e['disk_bytes_per_token'] / 1000:.1f} KB/token on disk")
 
+    scale = [x for x in load("scale.json", r)["runs"] if x["config"].endswith(":hold") and not x.get("capacity")]
+    big = max(scale, key=lambda x: x["tokens"])
+    bq, lq = big["short_question"], big["long_question"]
+    at_7b = (f"{k(big['tokens'])} tokens read at " + link(f"{big['read_tok_s']:.0f} tok/s", "at-llama-2-7bs-kv-shapes")
+             + f", {big['disk_bytes_per_token'] / 1000:.0f} KB/token on disk; first answer token "
+             f"{bq['first_token_s']:.1f} s after the {bq['question_tokens']}-token question ({lq['first_token_s']:.1f} s"
+             f" after 128), then {bq['answer_step_mean_s']:.2f} s a token; memory RAM "
+             f"{big['memory_ram_bytes'] / 1e9:.2f} GB, peak RSS {big['peak_rss_bytes'] / 1e9:.2f} GB")
+
     nll = load("nll_essays.json", r)
     lo, hi = _nll_range(nll, "lambda", 4096, 8192), _nll_range(nll, "lambda", 32768, 65536)
     stable = ("SmolLM2 (trained to 8k): NLL " + link(f"{lo:.3f} at 4k–8k, {hi:.3f} at 32k–64k",
@@ -679,6 +690,7 @@ def table_status(r: Path) -> str:
     rows = [
         ["Questions about any part of a long document (document memory, on by default)", memory],
         ["Memory cost of the document memory (defaults, W = 8192)", memory_cost],
+        ["The document memory at Llama-2-7B's KV shapes (32 layers of 32 × 128; W = 1024, 2 cores)", at_7b],
         ["Stable NLL past the training length (Λ mask + distance ceiling)", stable],
         ["Bounded memory", bounded],
         ["Speed (SmolLM2-135M, 2 cores)", speed],
