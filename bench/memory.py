@@ -151,9 +151,11 @@ def run_cost(args) -> None:
 
 
 def run_step(args) -> None:
-    """What the rerank costs a decode step: the same short reading with the memory opened for --capacity tokens
-    (the bound scores every block the memory can hold and the rerank reads c blocks whatever the document's length,
-    so a step costs what it costs at that length), then the question and ANSWER_TOKENS answer steps, for each c."""
+    """What the rerank costs a decode step: a short reading with the memory opened for --capacity tokens, then the
+    question and ANSWER_TOKENS answer steps, for each c. The builds of memory_step.json scored every block the
+    memory could hold, so a step cost what it costs at --capacity tokens; the bound and the rerank now score the
+    blocks the reading wrote (rounded up to m): a step costs what the short reading holds, and the cost at a length
+    is measured by reading that length (bench/scale.py)."""
     import llama_extrapolate as le
     from llama_extrapolate.harness.evaluate import memory_config_name, setup_for
     from llama_extrapolate.session import Session

@@ -587,6 +587,36 @@ def table_memory_scale(r: Path) -> str:
                "peak RSS"], rows)
 
 
+SHAPE_LABELS = {  # bench/kv_shapes.py's shapes as the README names the models whose KV cache they copy
+    "llama-2-7b": "Llama-2-7B (32 layers, 32 KV heads × 128)",
+    "llama-3-8b": "Llama-3-8B (32 layers, 8 KV heads × 128)",
+    "llama-3-70b": "a 70B (80 layers, 8 KV heads × 128)",
+}
+
+
+def table_sizing(r: Path) -> str:
+    """What a document of N tokens costs a user's model beyond its weights, from the shape models' readings with
+    the run and serve defaults (bench/scale.py, ":hold" configurations on a memory opened for what is read): the
+    store on disk, the RAM of the memory and of the cache, the reading's attention and memory time in core-seconds
+    per 1k tokens, and the answer latency (the shape model's weights are small: its times are the attention's and
+    the memory's, to which the user's model adds its weights' time)."""
+    runs = [x for x in load("scale.json", r)["runs"] if x["config"].endswith(":hold") and not x.get("capacity")]
+    order = list(SHAPE_LABELS)
+    rows = []
+    for run in sorted(runs, key=lambda x: (order.index(x["shape"]), x["tokens"])):
+        short, long_ = run["short_question"], run["long_question"]
+        rows.append([SHAPE_LABELS[run["shape"]], k(run["tokens"]),
+                     f"{run['memory']['bytes_on_disk'] / 1e9:.1f} GB",
+                     f"{run['memory_ram_bytes'] / 1e9:.2f} GB + {run['kv_cache_bytes'] / 1e9:.2f} GB",
+                     f"{1000 * run['threads'] / run['read_tok_s']:.0f} s",
+                     f"{short['first_token_s']:.1f} s / {long_['first_token_s']:.1f} s",
+                     f"{short['answer_step_mean_s']:.2f} s"])
+    q = runs[0]["short_question"]["question_tokens"] if runs else 0
+    return md(["model's KV cache", "document", "store on disk", "RAM: memory + cache",
+               "reading: core-seconds per 1k tokens", f"first answer token ({q}- / 128-token question)",
+               "per answer token"], rows)
+
+
 def table_server_ttft(r: Path) -> str:
     """`llama-extrapolate serve`: time to the first answer token, a long document's first question and a second
     question on the same document (the stream reused)."""
@@ -743,6 +773,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-cost": table_memory_cost,
     "memory-step": table_memory_step,
     "memory-scale": table_memory_scale,
+    "sizing": table_sizing,
     "server-ttft": table_server_ttft,
     "status": table_status,
 }
@@ -757,7 +788,7 @@ AREAS: Dict[str, List[str]] = {
                "memory-needle-blocks", "memory-needle-selection", "memory-rss-phases", "memory-cost", "memory-step",
                "memory-scale"],
     "server": ["server-ttft"],
-    "readme": ["status"],
+    "readme": ["status", "sizing"],
 }
 
 
