@@ -594,13 +594,19 @@ SHAPE_LABELS = {  # bench/kv_shapes.py's shapes as the README names the models w
 }
 
 
+def scale_readings(r: Path) -> List[dict]:
+    """The shape models' real readings as run and serve answer them: the ":hold" runs of scale.json on a memory
+    opened for what was read (not the short readings into a memory opened for more, ``capacity``)."""
+    return [x for x in load("scale.json", r)["runs"] if x["config"].endswith(":hold") and not x.get("capacity")]
+
+
 def table_sizing(r: Path) -> str:
     """What a document of N tokens costs a user's model beyond its weights, from the shape models' readings with
     the run and serve defaults (bench/scale.py, ":hold" configurations on a memory opened for what is read): the
     store on disk, the RAM of the memory and of the cache, the reading's attention and memory time in core-seconds
     per 1k tokens, and the answer latency (the shape model's weights are small: its times are the attention's and
     the memory's, to which the user's model adds its weights' time)."""
-    runs = [x for x in load("scale.json", r)["runs"] if x["config"].endswith(":hold") and not x.get("capacity")]
+    runs = scale_readings(r)
     order = list(SHAPE_LABELS)
     rows = []
     for run in sorted(runs, key=lambda x: (order.index(x["shape"]), x["tokens"])):
@@ -667,7 +673,7 @@ def table_status(r: Path) -> str:
                    + f" the bounded stream, first answer token {e['question_s']:.1f} s, "
                    f"{e['answer_tok_s']:.1f} tokens/s, {e['disk_bytes_per_token'] / 1000:.1f} KB/token on disk")
 
-    scale = [x for x in load("scale.json", r)["runs"] if x["config"].endswith(":hold") and not x.get("capacity")]
+    scale = scale_readings(r)
     big = max(scale, key=lambda x: x["tokens"])
     bq, lq = big["short_question"], big["long_question"]
     at_7b = (f"{k(big['tokens'])} tokens read at " + link(f"{big['read_tok_s']:.0f} tok/s", "at-llama-2-7bs-kv-shapes")

@@ -354,11 +354,6 @@ def last_logits(ctx, n_vocab: int) -> np.ndarray:
     return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
 
 
-def greedy_next(llm: Any) -> int:
-    """The token greedy decoding takes after the last decode of ``llm`` (a Llama): the argmax of its last logits."""
-    return int(np.argmax(last_logits(llm.ctx, llm.n_vocab())))
-
-
 class Stream:
     """One sequence read chunk by chunk on a raw context from position 0, with llama.cpp's context shift
     when ``context_shift`` (n_keep) is set.
@@ -409,12 +404,6 @@ class Stream:
                                    f"{self.cells} cells is full or the decode was aborted): {self.full_hint}")
             self.n_past += n
             yield s, n
-
-    def feed(self, tokens: Sequence[int]) -> np.ndarray:
-        """Decode ``tokens``; the logits of the last one."""
-        for _ in self.chunks(tokens, logits="last"):
-            pass
-        return last_logits(self.ctx, self.llm.n_vocab())
 
     def rollback(self, n_past: int) -> None:
         """Forget every token from position n_past on (a cache that keeps them all: vanilla or top-k)."""

@@ -74,35 +74,33 @@ def _vocab_only(llm: Any) -> bool:
     return bool(getattr(llm, "vocab_only", False) or getattr(params, "vocab_only", False))
 
 
-def _reads_with_memory(llm: Any) -> bool:
-    """Whether ``llm`` is a Llama of this package loaded with the document memory (a llama_cpp.Llama has none)."""
-    resolved = getattr(llm, "attention_resolved", None)
-    return bool(resolved is not None and resolved.memory)
-
-
 class Backend(ABC):
-    """What a ``Session`` decodes on. The session chunks, times, checks for interrupts and holds the memory's
-    blocks; a backend only decodes tokens after its stream and gives the last decode's logits, so that the reading
-    and asking are written once whichever way the tokens reach llama.cpp."""
+    """What a ``Session`` decodes on: a Llama (``llm``) and a way of decoding tokens after its stream. The session
+    chunks, times, checks for interrupts and holds the memory's blocks; a backend only decodes, so that the reading
+    and asking are written once whichever way the tokens reach llama.cpp. The logits, the memory and its hold are
+    the Llama's context's, whichever way it was decoded."""
 
+    llm: Any
     n_batch: int  # the tokens a decode takes: the session's default chunk
-
-    @property
-    @abstractmethod
-    def has_memory(self) -> bool:
-        """Whether the model reads with the document memory (only then is there a selection to hold)."""
 
     @abstractmethod
     def eval(self, tokens: List[int]) -> None:
         """Decode ``tokens`` after the stream (one chunk of the session's)."""
 
-    @abstractmethod
+    @property
+    def has_memory(self) -> bool:
+        """Whether the model reads with the document memory (only then is there a selection to hold): a Llama of
+        this package loaded with it (a llama_cpp.Llama has none)."""
+        resolved = getattr(self.llm, "attention_resolved", None)
+        return bool(resolved is not None and resolved.memory)
+
     def last_logits(self) -> np.ndarray:
         """The logits of the last token of the last decode (a view, valid until the next decode)."""
+        return native.last_logits(self.llm.ctx, self.llm.n_vocab())
 
-    @abstractmethod
     def memory_hold(self, mode: str) -> None:
         """Set the document memory's hold mode ("select", "keep", "hold"; see ``Llama.memory_hold``)."""
+        self.llm.memory_hold(mode)
 
     def next_token(self) -> int:
         """The greedy choice after the last decode: the argmax of its last logits."""
@@ -122,18 +120,8 @@ class LlamaBackend(Backend):
                              "without vocab_only to read and ask")
         self.llm, self.n_batch = llm, int(llm.n_batch)
 
-    @property
-    def has_memory(self) -> bool:
-        return _reads_with_memory(self.llm)
-
     def eval(self, tokens: List[int]) -> None:
         self.llm.eval(tokens)
-
-    def last_logits(self) -> np.ndarray:
-        return native.last_logits(self.llm.ctx, self.llm.n_vocab())
-
-    def memory_hold(self, mode: str) -> None:
-        self.llm.memory_hold(mode)
 
 
 class ContextBackend(native.Stream, Backend):
@@ -162,19 +150,9 @@ class ContextBackend(native.Stream, Backend):
                              "for no shift")
         super().__init__(llm, n_batch, context_shift, full_hint=full_hint)
 
-    @property
-    def has_memory(self) -> bool:
-        return _reads_with_memory(self.llm)
-
     def eval(self, tokens: List[int]) -> None:
         for _ in self.chunks(tokens, logits="last"):
             pass
-
-    def last_logits(self) -> np.ndarray:
-        return native.last_logits(self.ctx, self.llm.n_vocab())
-
-    def memory_hold(self, mode: str) -> None:
-        self.llm.memory_hold(mode)
 
 
 class Session:
