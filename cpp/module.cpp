@@ -208,13 +208,14 @@ py::dict model_devices(std::uintptr_t model_address) {
 }
 
 void memory_open(std::uintptr_t ctx_address, const std::string & path, const std::string & dir, bool keep, int type,
-                 uint64_t capacity) {
+                 uint64_t capacity, bool reopen) {
     llama_ext_memory_params p{};
     p.path     = path.c_str();
     p.dir      = dir.c_str();
     p.keep     = keep ? 1 : 0;
     p.type     = type;
     p.capacity = capacity;
+    p.reopen   = reopen ? 1 : 0;
     char err[1024] = {0};
     const int32_t rc = llama_ext_memory_open(mutable_context_from_address(ctx_address), &p, err, sizeof(err));
     if (rc != 0) {
@@ -462,7 +463,9 @@ PYBIND11_MODULE(_core, m) {
           "top-k middle keys from the next decode on (k = 0: off, distance 0: the default); needs a model loaded "
           "with attention.lambda.top_k > 0");
     m.def("memory_open", &memory_open, py::arg("ctx_address"), py::arg("path"), py::arg("dir"), py::arg("keep"),
-          py::arg("type"), py::arg("capacity"), "open the document memory's store before the first decode");
+          py::arg("type"), py::arg("capacity"), py::arg("reopen") = false,
+          "open the document memory's store before the first decode (reopen: a kept file as an earlier context left "
+          "it, for a state that references its blocks)");
     m.def("memory_info", &memory_info, py::arg("ctx_address"), "tokens, blocks and bytes of the document memory");
     m.def("memory_set_hold", &memory_set_hold, py::arg("ctx_address"), py::arg("mode"),
           "what the next decodes do with their blocks: 0 select, 1 select and keep them in RAM, 2 hold the kept ones");

@@ -100,7 +100,7 @@ def memory_state_round_trip(make, tokens, doc: int, layers) -> dict:
                 "got": np.asarray(b.scores[doc:len(tokens)], dtype=np.float64),
                 "want_sel": {il: a.memory_selection(il) for il in layers},
                 "got_sel": {il: b.memory_selection(il) for il in layers},
-                "saved": saved, "loaded": loaded}
+                "saved": saved, "loaded": loaded, "state": state}
     finally:
         a.close()
         b.close()

@@ -773,6 +773,84 @@ def test_a_memory_state_into_another_memory_is_refused_with_the_reason(tiny):
             b.close()
 
 
+def test_a_kept_stores_state_references_its_blocks_and_a_reopened_store_goes_on_from_them(tiny, tmp_path):
+    """With the store in a kept file the state carries its path, the hash of its last block and the summaries, not
+    the records: a new context that reopens the file (after the first went on writing past the state) and loads
+    the state gives the logits and selections of the stream that never stopped; a copied state is larger by the
+    records."""
+    model, path, tokens = tiny
+    store = tmp_path / "doc.memory"
+    kept = dict(memory_path=str(store), memory_keep=True)
+    doc = QUESTION - 7
+    r = memory_state_round_trip(lambda: make_llm(path, memory_config()), tokens, doc, range(H0, model.n_layer))
+    copied = r["state"].llama_state_size
+
+    a = make_llm(path, memory_config(), **kept)
+    try:
+        a.set_top_k_active(False)
+        a.eval(tokens[:doc])
+        state = a.save_state()
+        saved = a.memory_info()
+        a.set_top_k_active(True)
+        a.eval(tokens[doc:])  # the file goes on past the state's blocks
+        want = np.asarray(a.scores[doc:N_TOKENS], dtype=np.float64)
+        want_sel = {il: a.memory_selection(il) for il in range(H0, model.n_layer)}
+    finally:
+        a.close()
+    assert store.is_file()
+    # a copy carries each block's record (F32 K and V rows); a reference its summaries (F16 center and radius per
+    # channel), the path (u32 length + bytes) and the last block's hash
+    heads = (model.n_layer - H0) * model.n_head_kv
+    record, summary = heads * 2 * B * model.head_dim * 4, heads * 2 * model.head_dim * 2
+    reference = 4 + len(str(store).encode()) + 8
+    assert saved["n_blocks"] >= 2
+    assert copied - state.llama_state_size == saved["n_blocks"] * (record - summary) - reference
+
+    b = make_llm(path, memory_config(), **kept, memory_reopen=True)
+    try:
+        b.set_top_k_active(False)
+        b.load_state(state)
+        assert b.memory_info()["n_tokens"] == saved["n_tokens"]
+        b.set_top_k_active(True)
+        b.eval(tokens[doc:])
+        got = np.asarray(b.scores[doc:N_TOKENS], dtype=np.float64)
+        for il, sel in want_sel.items():
+            np.testing.assert_array_equal(b.memory_selection(il), sel)
+    finally:
+        b.close()
+    assert (want_sel[H0] >= 0).all()
+    np.testing.assert_array_equal(got, want)
+
+    # another reading wrote the file since (opened without reopen: emptied): the state is refused, not misread
+    c = make_llm(path, memory_config(), **kept)
+    try:
+        c.eval(tokens[50:50 + doc])
+    finally:
+        c.close()
+    d = make_llm(path, memory_config(), **kept, memory_reopen=True)
+    try:
+        with pytest.raises(Exception, match="state"):
+            d.load_state(state)
+    finally:
+        d.close()
+
+
+def test_reopening_a_store_is_checked(tiny, tmp_path):
+    _, path, _ = tiny
+    store = tmp_path / "doc.memory"
+    with pytest.raises(ValueError, match="memory_reopen=True needs memory_keep=True"):
+        make_llm(path, memory_config(), memory_path=str(store), memory_reopen=True)
+    make_llm(path, memory_config(), memory_path=str(store), memory_keep=True).close()
+    with pytest.raises(ValueError, match="another layout.*open it with the same settings, or delete it"):
+        make_llm(path, memory_config(), memory_path=str(store), memory_keep=True, memory_reopen=True,
+                 memory_type="f16")
+    other = tmp_path / "notes.txt"
+    other.write_text("not a memory " * 400)
+    with pytest.raises(ValueError, match="is not a memory file"):
+        make_llm(path, memory_config(), memory_path=str(other), memory_keep=True, memory_reopen=True)
+    assert other.read_text() == "not a memory " * 400  # left as it was
+
+
 def answer_steps(llm, tokens, question_end, mode):
     """The question tokens[QUESTION:question_end] in one ubatch with the selection kept, then each answer token its
     own decode with the memory in ``mode`` ("hold": the kept blocks; "select": each step its own)."""

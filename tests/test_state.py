@@ -242,3 +242,57 @@ def test_run_saves_the_document_once_and_answers_later_questions_from_it(tmp_pat
     assert "none for this document" in err
     again, err = run("What walks?", "--state", str(state), *topk)
     assert "restored (" in err and again == plain_topk
+
+
+def test_a_stopped_reading_goes_on_from_its_checkpoint_and_answers_as_one_that_never_stopped(tmp_path, tiny_llama,
+                                                                                            capsys, monkeypatch):
+    """run --state checkpoints the reading (here after every chunk); stopped five chunks into a 32k-token document,
+    after the store went on past the last checkpoint, a rerun goes on from that checkpoint (the kept store reopened,
+    its extra blocks dropped) and answers what a reading that never stopped answers."""
+    from llama_extrapolate import cli, reader
+
+    _, path = tiny_llama
+    doc = tmp_path / "doc.txt"
+    doc.write_text(" ".join(f"Line {i}: the fox number {i} jumps over dog {i * 7 % 1000}." for i in range(660)))
+    assert 31_000 < len(doc.read_bytes()) < 34_000  # a byte-level tokenizer: ~32k tokens
+    base = ["run", "--model", str(path), "--file", str(doc), "--window", "32", "--sinks", "4", "--max-tokens", "8",
+            "--n-batch", "512", "--no-chat", "--memory-blocks", "2", "--memory-block-size", "32",
+            "--prompt", "Which dog did fox 3 jump over?"]
+    assert cli.main(base + ["--quiet"]) == 0
+    want = capsys.readouterr().out
+    assert want.strip()
+
+    state = tmp_path / "doc.state"
+    chunks = []
+    checkpoint = reader.Checkpoints.__call__
+
+    def stop_in_the_fifth_chunk(self):
+        chunks.append(self.llm.n_tokens)
+        if len(chunks) == 5:
+            raise KeyboardInterrupt  # after the fifth chunk's decode (its blocks are in the store), before its save
+        checkpoint(self)
+
+    monkeypatch.setattr(reader.Checkpoints, "__call__", stop_in_the_fifth_chunk)
+    assert cli.main(base + ["--state", str(state), "--checkpoint-every", "1e-9"]) == 130
+    err = capsys.readouterr().err
+    assert f"last checkpoint is in {state}" in err
+    assert chunks == [512, 1024, 1536, 2048, 2560]
+    store = tmp_path / "doc.state.memory"
+    assert store.is_file() and state.stat().st_size < store.stat().st_size / 4  # the state references the store
+    monkeypatch.setattr(reader.Checkpoints, "__call__", checkpoint)
+
+    assert cli.main(base + ["--state", str(state)]) == 0
+    out = capsys.readouterr()
+    assert "a checkpoint of 2048 of the document's" in out.err and "reading on from there" in out.err
+    assert out.out == want
+    # the state now holds the whole document: asked again, nothing is read
+    assert cli.main(base + ["--state", str(state)]) == 0
+    out = capsys.readouterr()
+    assert "restored (" in out.err and out.out == want
+
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--checkpoint-every", "x"])
+    assert cli.main(base + ["--checkpoint-every", "60"]) == 2
+    assert "--checkpoint-every needs --state FILE" in capsys.readouterr().err
+    assert cli.main(base + ["--state", str(state), "--checkpoint-every", "-1"]) == 2
+    assert "must be >= 0 seconds" in capsys.readouterr().err

@@ -11,6 +11,9 @@ from typing import Optional, Sequence
 
 from . import interrupt
 
+# seconds of a reading between checkpoints of run --state: a stopped reading of hours loses at most this much
+DEFAULT_CHECKPOINT_SECONDS = 600.0
+
 
 def _library_facts() -> dict:
     from .native import library_facts
@@ -216,6 +219,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         state = Path(args.state)
         if state.is_dir():
             raise ValueError(f"--state {args.state} is a directory: name a file for the document's state")
+    if args.checkpoint_every is not None and not args.checkpoint_every >= 0:
+        raise ValueError(f"--checkpoint-every {args.checkpoint_every} must be >= 0 seconds (0: no checkpoints)")
+    if args.checkpoint_every and state is None:
+        raise ValueError("--checkpoint-every needs --state FILE: the checkpoint is the document's state, written there")
+    checkpoint_every = None
+    if state is not None:
+        every = DEFAULT_CHECKPOINT_SECONDS if args.checkpoint_every is None else args.checkpoint_every
+        checkpoint_every = every or None
     n_batch = args.n_batch
     n_ctx = reader.cache_cells(resolved, info, document, args.prompt, max_tokens=args.max_tokens, n_batch=n_batch,
                                n_ctx=args.n_ctx)
@@ -224,8 +235,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from .options import AttentionOptions
 
         options = AttentionOptions.of(args)
-        memory = dict(memory_path=args.memory_file, memory_keep=args.keep_memory,
-                      memory_type=options.memory_type_on(info), memory_answer=options.memory_answer_or_default(),
+        memory_file, keep, reopen = args.memory_file, args.keep_memory, False
+        memory_type = options.memory_type_on(info)
+        if state is not None:
+            # the state references the memory's blocks in a kept file (a checkpoint then costs the cache and the
+            # summaries, not a copy of the store); a rerun reopens the file as the state left it, a run with other
+            # settings starts it anew (its state will not be restored either)
+            memory_file, keep = memory_file or str(state) + ".memory", True
+            reopen = reader.state_memory(state) == {"file": memory_file,
+                                                    **reader.memory_layout(model, resolved, memory_type)}
+        memory = dict(memory_path=memory_file, memory_keep=keep, memory_reopen=reopen,
+                      memory_type=memory_type, memory_answer=options.memory_answer_or_default(),
                       memory_capacity=reader.memory_capacity(resolved, info, document, args.prompt,
                                                              max_tokens=args.max_tokens))
     elif args.memory_file is not None or args.keep_memory:
@@ -249,7 +269,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         n_out = 0
         for piece in reader.answer(llm, document, args.prompt, max_tokens=args.max_tokens,
                                    sampling_temperature=args.sampling_temperature, chat=not args.no_chat, progress=not args.quiet,
-                                   state=state):
+                                   state=state, checkpoint_every=checkpoint_every):
             sys.stdout.write(piece)
             sys.stdout.flush()
             n_out += 1
@@ -466,7 +486,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-chat", action="store_true", help="plain completion instead of the chat template")
     r.add_argument("--state", help="file for the stream after the document: the first run reads the document "
                                    "and saves it there, later runs with the same document, model and settings "
-                                   "start from it (any question, no re-reading)")
+                                   "start from it (any question, no re-reading). The reading is checkpointed "
+                                   "there, so a rerun of a stopped one goes on from the last checkpoint; the "
+                                   "document memory's file (--memory-file, default FILE.memory) is kept beside it "
+                                   "and referenced, not copied")
+    r.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
+                   help=f"with --state: seconds of reading between checkpoints (default "
+                        f"{DEFAULT_CHECKPOINT_SECONDS:g}; 0: the state after the document only)")
     r.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     r.set_defaults(func=_cmd_run)
 
@@ -563,9 +589,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"llama-extrapolate {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        # nll, passkey and calibrate write as they go: what is done is kept and a rerun resumes from it
-        print(f"llama-extrapolate {args.command}: interrupted; results so far are kept, rerun the same command to "
-              "resume", file=sys.stderr)
+        # nll, passkey and calibrate write as they go, run --state checkpoints its reading: a rerun resumes
+        if args.command != "run":
+            said = "results so far are kept, rerun the same command to resume"
+        elif getattr(args, "state", None):
+            said = f"the reading's last checkpoint is in {args.state}: rerun the same command to go on from it"
+        else:
+            said = "nothing is kept (--state FILE checkpoints a long reading)"
+        print(f"llama-extrapolate {args.command}: interrupted; {said}", file=sys.stderr)
         return 130
     finally:
         interrupt.clear()

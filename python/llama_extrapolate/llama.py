@@ -62,11 +62,13 @@ class Llama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *args: Any, attention: Optional[AttentionConfig] = None,
                  memory_path: Optional[str] = None, memory_dir: Optional[str] = None, memory_keep: bool = False,
-                 memory_type: str = "q8_0", memory_capacity: Optional[int] = None,
+                 memory_type: str = "q8_0", memory_capacity: Optional[int] = None, memory_reopen: bool = False,
                  question_tokens: Optional[int] = None, memory_answer: str = "select", **kwargs: Any) -> None:
         self.tokens_decoded = 0  # every token eval decoded, prompts and answers
         self.last_prompt: Optional[PromptReport] = None
         self.memory_capacity: Optional[int] = None  # tokens the document memory holds, once it is open
+        self.memory_type: Optional[str] = None
+        self.memory_file: Optional[str] = None
         if attention is not None and not isinstance(attention, AttentionConfig):
             raise TypeError(f"attention={attention!r} must be an AttentionConfig (or None for vanilla attention)")
         self.attention = attention if attention is not None else AttentionConfig.vanilla()
@@ -139,9 +141,9 @@ class Llama(llama_cpp.Llama):
         # per-layer / per-head values and points (metadata carries only one number) go through the C API
         self._apply_temperature(expected)
         if expected.memory:
-            self._open_memory(memory_path, memory_dir, memory_keep, memory_type, memory_capacity)
-        elif memory_path is not None or memory_capacity is not None:
-            raise ValueError("memory_path/memory_capacity without the document memory: use "
+            self._open_memory(memory_path, memory_dir, memory_keep, memory_type, memory_capacity, memory_reopen)
+        elif memory_path is not None or memory_capacity is not None or memory_reopen:
+            raise ValueError("memory_path/memory_capacity/memory_reopen without the document memory: use "
                              "AttentionConfig(memory_blocks=64, top_k=5, ...) to keep what leaves the window")
         if expected.top_k > 0 and expected.top_k_scope == "question":
             self.set_top_k_active(False)  # read with plain Lambda attention until the question
@@ -198,9 +200,13 @@ class Llama(llama_cpp.Llama):
         return n
 
     def _open_memory(self, path: Optional[str], directory: Optional[str], keep: bool, type_name: str,
-                     capacity: Optional[int]) -> None:
+                     capacity: Optional[int], reopen: bool = False) -> None:
         """Open the store the hidden keys go to. Its file is reserved for ``capacity`` tokens up front, so that a
-        disk too small or an unwritable path is an error now, not in the middle of a document."""
+        disk too small or an unwritable path is an error now, not in the middle of a document.
+
+        A kept file (``memory_keep``) is referenced by the states saved from this context, not copied into them;
+        ``memory_reopen`` opens such a file as it was left, so that ``load_state`` of a state that references it
+        goes on from its blocks (a checkpointed reading resumes without reading or copying the store)."""
         from .config import MEMORY_TYPES
 
         if type_name not in MEMORY_TYPES:
@@ -213,11 +219,16 @@ class Llama(llama_cpp.Llama):
                              f"{self.attention_resolved.memory_cells}")
         if keep and not path:
             raise ValueError("memory_keep=True needs memory_path: an anonymous file cannot be kept")
+        if reopen and not keep:
+            raise ValueError("memory_reopen=True needs memory_keep=True and memory_path: only a kept file is left "
+                             "for a later context to reopen")
         if directory is not None and not os.path.isdir(directory):
             raise ValueError(f"memory_dir={directory!r} is not a directory: create it or choose another")
         native.memory_open(self._attention_context("memory"), path, directory, keep, MEMORY_TYPES[type_name],
-                           capacity)
+                           capacity, bool(reopen))
         self.memory_capacity = capacity
+        self.memory_type = type_name
+        self.memory_file = path if keep else None  # a file that outlives the context, referenced by its states
 
     def devices(self) -> dict:
         """The ggml device of each layer and of the output layer ({"layers": [...], "output": ...}, e.g. "CPU",

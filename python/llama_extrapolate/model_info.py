@@ -61,6 +61,9 @@ class ModelInfo:
     softcapped_logits: bool = False
     # a learned sink logit per head (gpt-oss: attn_sinks), which enters the softmax beside the logits
     learned_sinks: bool = False
+    # the size of a key head (attention.key_length, else embedding_length / head_count): what the cache and the
+    # document memory store per KV head, apart from the residual stream's width
+    key_length: Optional[int] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -205,6 +208,7 @@ def _read_model_info(path: Path) -> ModelInfo:
         latent_attention=all(get(f"{arch}.attention.{key}_length_mla") for key in ("key", "value")),
         softcapped_logits=arch in SOFTCAPPED_ARCHITECTURES,
         learned_sinks=any(t.name.endswith(".attn_sinks.weight") for t in reader.tensors),
+        key_length=_key_length(get, arch),
     )
 
 
@@ -212,12 +216,8 @@ def _read_model_info(path: Path) -> ModelInfo:
 SOFTCAPPED_ARCHITECTURES = ("gemma2", "grok")
 
 
-def _rope_dimensions(get, arch: str) -> Optional[int]:
-    """The channels RoPE rotates as llama.cpp loads them: rope.dimension_count, else the key head size
-    (attention.key_length, else embedding_length / head_count), which many GGUFs (Qwen2.5) leave implicit."""
-    n_rot = get(f"{arch}.rope.dimension_count")
-    if n_rot is not None:
-        return int(n_rot)
+def _key_length(get, arch: str) -> Optional[int]:
+    """The key head size as llama.cpp loads it: attention.key_length, else embedding_length / head_count."""
     key_length = get(f"{arch}.attention.key_length")
     if key_length is not None:
         return int(key_length)
@@ -225,6 +225,15 @@ def _rope_dimensions(get, arch: str) -> Optional[int]:
     if isinstance(n_embd, int) and isinstance(n_head, int) and n_head > 0:
         return n_embd // n_head
     return None
+
+
+def _rope_dimensions(get, arch: str) -> Optional[int]:
+    """The channels RoPE rotates as llama.cpp loads them: rope.dimension_count, else the key head size
+    (_key_length), which many GGUFs (Qwen2.5) leave implicit."""
+    n_rot = get(f"{arch}.rope.dimension_count")
+    if n_rot is not None:
+        return int(n_rot)
+    return _key_length(get, arch)
 
 
 def _attention_keys(arch: str) -> dict:

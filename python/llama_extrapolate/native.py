@@ -171,9 +171,9 @@ def get_top_k(ctx: int) -> Tuple[int, int, int]:
 
 # --- document memory (patch 0012) -------------------------------------------------------------------
 def memory_open(ctx: int, path: Optional[str], directory: Optional[str], keep: bool, type_id: int,
-                capacity: int) -> None:
+                capacity: int, reopen: bool = False) -> None:
     """Open the memory's store (the library's reason, e.g. an unwritable path or a full disk, is the ValueError)."""
-    _core.memory_open(ctx, path or "", directory or "", bool(keep), int(type_id), int(capacity))
+    _core.memory_open(ctx, path or "", directory or "", bool(keep), int(type_id), int(capacity), bool(reopen))
 
 
 MEMORY_HOLD_MODES = {"select": 0, "keep": 1, "hold": 2}

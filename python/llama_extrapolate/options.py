@@ -107,9 +107,12 @@ def model_path(model: Optional[str]) -> str:
 
 def memory_type_for(info: "ModelInfo") -> str:
     """How the memory stores keys and values when not told: q8_0 quantizes 32 values at a time, so a head of
-    another size is stored in f16."""
-    n_head = info.head_count if isinstance(info.head_count, int) else max(info.head_count)
-    head = int(info.embedding_length or 0) // max(1, int(n_head or 1))
+    another size is stored in f16. The head is the key head (attention.key_length where the file states it, as
+    Gemma 3's and the KV-shape models' do), not the residual stream's width over the heads."""
+    head = info.key_length
+    if head is None:
+        n_head = info.head_count if isinstance(info.head_count, int) else max(info.head_count)
+        head = int(info.embedding_length or 0) // max(1, int(n_head or 1))
     return "q8_0" if head % 32 == 0 else "f16"
 
 

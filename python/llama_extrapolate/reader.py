@@ -10,6 +10,7 @@ decodes what is new.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -123,15 +124,15 @@ def chat_prompt_tokens(llm, messages: List[dict]) -> Optional[List[int]]:
 
 
 def read_tokens(llm, tokens: List[int], *, progress: bool = True, desc: str = "reading",
-                keep_last: bool = False) -> ReadReport:
+                keep_last: bool = False, after_chunk=None) -> ReadReport:
     """Evaluate ``tokens`` from an empty cache, n_batch at a time, with a progress bar on stderr.
 
     The last token is left for the completion to evaluate (it needs that token's logits), unless
-    ``keep_last`` (a prefix that more tokens follow).
+    ``keep_last`` (a prefix that more tokens follow). ``after_chunk``: as ``Session.read``'s (checkpoints).
     """
     llm.reset()
     body = tokens if keep_last else tokens[:-1]
-    return Session(llm).read(body, progress=progress, desc=desc)
+    return Session(llm).read(body, progress=progress, desc=desc, after_chunk=after_chunk)
 
 
 def _state_fingerprint(llm) -> dict:
@@ -147,34 +148,59 @@ def _state_fingerprint(llm) -> dict:
             "attention_sha256": hashlib.sha256(json.dumps(attention, sort_keys=True).encode()).hexdigest()}
 
 
-def load_document_state(llm, path: Path, tokens: List[int]) -> bool:
-    """Restore a stream saved after exactly ``tokens`` (same model, attention and cache); False when ``path``
-    holds another document or settings (the caller reads again)."""
+def memory_layout(model_path: str, resolved, memory_type: str) -> dict:
+    """What the blocks of a kept memory file are valid for (the file's layout): the model, the first stored layer,
+    the block size and the stored type."""
+    import os
+
+    return {"model": Path(model_path).name, "model_bytes": os.path.getsize(model_path),
+            "first_layer": resolved.top_k_layer, "block_size": resolved.memory_block_size, "type": memory_type}
+
+
+def state_memory(path: Path) -> Optional[dict]:
+    """The kept memory file a saved state references ({"file": ..., and its memory_layout}), or None."""
+    import json
+
+    meta_path = path.with_name(path.name + ".json")
+    try:
+        return json.loads(meta_path.read_text()).get("memory")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+
+
+def load_document_state(llm, path: Path, tokens: List[int]) -> int:
+    """Restore a stream saved after a prefix of ``tokens`` (same model, attention and cache): the whole document,
+    or a checkpoint of a reading that stopped. Returns the tokens restored; 0 when ``path`` holds another document
+    or settings (the caller reads from the start)."""
     import json
 
     from .native import clear_memory, read_state_file
 
     meta_path = path.with_name(path.name + ".json")
     if not (path.is_file() and meta_path.is_file()):
-        return False
+        return 0
     try:
         meta = json.loads(meta_path.read_text())
     except json.JSONDecodeError:
-        return False
-    if meta.get("fingerprint") != _state_fingerprint(llm) or meta.get("tokens") != len(tokens):
-        return False
+        return 0
+    n = meta.get("tokens")
+    if meta.get("fingerprint") != _state_fingerprint(llm) or not isinstance(n, int) or not 0 < n <= len(tokens):
+        return 0
     llm.reset()
-    if read_state_file(llm.ctx, path, len(tokens)) != list(tokens):
+    if read_state_file(llm.ctx, path, n) != list(tokens[:n]):
         llm.reset()
         clear_memory(llm.ctx)
-        return False
-    llm.input_ids[0:len(tokens)] = tokens
-    llm.n_tokens = len(tokens)
-    return True
+        return 0
+    llm.input_ids[0:n] = tokens[:n]
+    llm.n_tokens = n
+    return n
 
 
 def save_document_state(llm, path: Path) -> None:
-    """The stream as read so far (the library's state file, with its token ids) and what it is valid for."""
+    """The stream as read so far (the library's state file, with its token ids) and what it is valid for.
+
+    With the document memory on a kept file, the state references the file's blocks instead of copying them, so
+    that a checkpoint costs the cache and the summaries, not the store."""
     import json
 
     from .native import write_state_file
@@ -185,26 +211,69 @@ def save_document_state(llm, path: Path) -> None:
         raise ValueError(f"--state: the first ids of the {n}-token stream are no longer kept; cannot save it")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    t0 = time.perf_counter()
     write_state_file(llm.ctx, tmp, ids)
     meta_path = path.with_name(path.name + ".json")
     meta_path.unlink(missing_ok=True)
     tmp.replace(path)
-    meta_path.write_text(json.dumps({"fingerprint": _state_fingerprint(llm), "tokens": n}, indent=1))
+    # what the save cost, for the reader of a checkpointed reading (bench/resume.py)
+    meta = {"fingerprint": _state_fingerprint(llm), "tokens": n, "bytes": path.stat().st_size,
+            "write_s": round(time.perf_counter() - t0, 3)}
+    if getattr(llm, "memory_file", None):
+        meta["memory"] = {"file": llm.memory_file,
+                          **memory_layout(llm.model_path, llm.attention_resolved, llm.memory_type)}
+    meta_path.write_text(json.dumps(meta, indent=1))
+
+
+class Checkpoints:
+    """Saves the stream to a state file at most every ``every`` seconds of a reading (at a chunk's end, when the
+    stream is whole), so that a reading of hours that is stopped goes on from the last one."""
+
+    def __init__(self, llm, path: Path, every: float) -> None:
+        self.llm, self.path, self.every = llm, path, float(every)
+        self.last = time.perf_counter()
+        self.saved = 0  # checkpoints written
+        self.seconds = 0.0  # spent writing them
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        if now - self.last < self.every:
+            return
+        save_document_state(self.llm, self.path)
+        self.last = time.perf_counter()
+        self.saved += 1
+        self.seconds += self.last - now
 
 
 def read_prompt(llm, tokens: List[int], doc_end: int, *, state: Optional[Path] = None, progress: bool = True,
-                top_k_question: bool = False) -> None:
+                top_k_question: bool = False, checkpoint_every: Optional[float] = None) -> None:
     """Read a prompt whose first ``doc_end`` tokens are the document, the rest the question: the document
-    from ``state`` when it holds this document (else read and saved there), then the question."""
+    from ``state`` when it holds this document (else read and saved there), then the question.
+
+    ``checkpoint_every`` (seconds, with ``state``): the reading is saved to ``state`` that often, and a state
+    that holds a prefix of the document (a reading that stopped) is read on from there."""
+    if checkpoint_every is not None and (state is None or not checkpoint_every > 0):
+        raise ValueError(f"checkpoint_every={checkpoint_every!r}: give seconds > 0, with a state file to write")
     if top_k_question:
         llm.set_top_k_active(False)  # the document with the Lambda mask, the question with the middle keys
-    restored = state is not None and load_document_state(llm, state, tokens[:doc_end])
+    restored = load_document_state(llm, state, tokens[:doc_end]) if state is not None else 0
     if state is not None and progress:
-        print(f"document state {state}: " + (f"restored ({doc_end} tokens, not read again)" if restored else
-                                             "none for this document and settings; reading, then saving it"),
-              file=sys.stderr)
-    if not restored:
-        read_tokens(llm, tokens[:doc_end], progress=progress, keep_last=True)
+        if restored == doc_end:
+            said = f"restored ({doc_end} tokens, not read again)"
+        elif restored:
+            said = f"a checkpoint of {restored} of the document's {doc_end} tokens: reading on from there"
+        else:
+            said = "none for this document and settings; reading, then saving it"
+        if restored < doc_end and checkpoint_every:
+            said += f" (a checkpoint every {checkpoint_every:g} s)"
+        print(f"document state {state}: {said}", file=sys.stderr)
+    if restored < doc_end:
+        saver = Checkpoints(llm, state, checkpoint_every) if checkpoint_every else None
+        if restored:
+            Session(llm).read(tokens[restored:doc_end], progress=progress, done_before=restored, desc="reading on",
+                              after_chunk=saver)
+        else:
+            read_tokens(llm, tokens[:doc_end], progress=progress, keep_last=True, after_chunk=saver)
         if state is not None:
             save_document_state(llm, state)
     if top_k_question:
@@ -215,11 +284,13 @@ def read_prompt(llm, tokens: List[int], doc_end: int, *, state: Optional[Path] =
 
 
 def answer(llm, document: str, question: str, *, max_tokens: int = 256, sampling_temperature: float = 0.0,
-           chat: bool = True, progress: bool = True, state: Optional[Path] = None) -> Iterator[str]:
+           chat: bool = True, progress: bool = True, state: Optional[Path] = None,
+           checkpoint_every: Optional[float] = None) -> Iterator[str]:
     """Read ``document`` with a progress bar, then stream the answer to ``question`` as text pieces.
 
     ``state``: a file for the stream after the document (the library's state): a later question about the
     same document with the same model and settings starts from it instead of reading the document again.
+    ``checkpoint_every``: seconds between checkpoints of the reading in ``state`` (a rerun goes on from the last).
     """
     if not question.strip():
         raise ValueError("the prompt is empty: ask something about the document (--prompt)")
@@ -230,13 +301,15 @@ def answer(llm, document: str, question: str, *, max_tokens: int = 256, sampling
         tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=True)
     r = getattr(llm, "attention_resolved", None)
     top_k_question = r is not None and r.top_k > 0 and r.top_k_scope == "question"
+    if checkpoint_every is not None and state is None:
+        raise ValueError("checkpoint_every needs a state file (state=...): the checkpoint is written there")
     if top_k_question or state is not None:
         # where the document ends and the question starts: the prompt of the document alone shares that prefix
         doc_only = chat_prompt_tokens(llm, [{"role": "user", "content": document}]) if chat else None
         if doc_only is None:
             doc_only = llm.tokenize(document.encode("utf-8"), add_bos=True)
         read_prompt(llm, tokens, min(common_prefix(tokens, doc_only), len(tokens) - 1), state=state,
-                    progress=progress, top_k_question=top_k_question)
+                    progress=progress, top_k_question=top_k_question, checkpoint_every=checkpoint_every)
     else:
         read_tokens(llm, tokens, progress=progress)
     if chat and llm.metadata.get("tokenizer.chat_template"):

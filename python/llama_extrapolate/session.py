@@ -19,7 +19,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -190,20 +190,28 @@ class Session:
             yield len(chunk)
 
     def read(self, tokens: Sequence[int], *, progress: bool = False, desc: str = "reading",
-             leave: bool = True) -> ReadReport:
+             leave: bool = True, done_before: int = 0,
+             after_chunk: Optional[Callable[[], None]] = None) -> ReadReport:
         """Decode ``tokens`` after the stream, with a tqdm bar on stderr when ``progress`` (``leave=False``: the bar
-        is erased when done, for a bar inside an outer one)."""
+        is erased when done, for a bar inside an outer one).
+
+        ``done_before``: tokens of the same reading decoded earlier (a reading resumed from a checkpoint), so that
+        the bar counts the whole reading. ``after_chunk`` is called after each decode, when the stream is whole
+        (a checkpoint is taken there)."""
         tokens = _token_list(tokens, "read")
         bar = None
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(tokens), desc=desc, unit="tok", file=sys.stderr, leave=leave)
+            bar = tqdm(total=len(tokens) + done_before, initial=done_before, desc=desc, unit="tok",
+                       file=sys.stderr, leave=leave)
         t0 = time.perf_counter()
         try:
             for n in self._chunks(tokens):
                 if bar is not None:
                     bar.update(n)
+                if after_chunk is not None:
+                    after_chunk()
         finally:
             seconds = time.perf_counter() - t0
             if bar is not None:
