@@ -67,3 +67,33 @@ def test_scale_run_records_reading_questions_and_reads(shape_model, tmp_path, mo
     for q, n in (("short_question", None), ("long_question", bench.LONG_QUESTION_TOKENS)):
         assert len(run[q]["answer_step_s"]) == bench.ANSWER_TOKENS and run[q]["first_token_s"] > 0
         assert n is None or run[q]["question_tokens"] == n
+
+
+def test_the_shape_models_memory_is_stored_by_its_key_head_not_its_residual_width(shape_model):
+    """The shape model's residual stream over its heads is 256 / 32 = 8 values, its key heads 128 (attention.key_length):
+    the memory's default type follows the key head (q8_0), as it would on the real model."""
+    import llama_extrapolate as le
+    from llama_extrapolate.options import memory_type_for
+
+    path, shape = shape_model
+    info = le.read_model_info(str(path))
+    assert info.key_length == shape.head_dim == 128 and info.embedding_length // info.head_count == 8
+    assert memory_type_for(info) == "q8_0"
+
+
+def test_resume_kills_a_checkpointed_reading_and_records_the_rerun(shape_model, tmp_path, monkeypatch):
+    """bench/resume.py on a short reading: the killed run left a checkpoint, the rerun went on from it, and the entry
+    says where, what it cost and that the answers are the same."""
+    resume = load_bench("resume")
+    path, _ = shape_model
+    monkeypatch.setitem(__import__("sys").modules, "scale", type("scale", (), {"shape_model": staticmethod(
+        lambda shape: str(path))}))
+    out = tmp_path / "resume.json"
+    assert resume.main(["--shape", "llama-3-8b", "--tokens", "1536", "--checkpoint-every", "0.5", "--kill-after",
+                        "1", "--window", "256", "--dir", str(tmp_path), "--out", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["runs"]
+    assert entry["same_answer"] and entry["resumed"]["answer"] == entry["uninterrupted"]["answer"]
+    ckpt = entry["killed"]["checkpoint"]
+    assert 0 < ckpt["tokens"] < 1536 and ckpt["tokens"] % 512 == 0 and ckpt["bytes"] > 0
+    assert any(f"a checkpoint of {ckpt['tokens']} of the document's" in line for line in entry["resumed"]["said"])
+    assert abs(entry["final_state"]["tokens"] - 1536) < 16 and not list(tmp_path.glob("resume-*"))

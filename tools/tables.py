@@ -587,6 +587,26 @@ def table_memory_scale(r: Path) -> str:
                "peak RSS"], rows)
 
 
+def table_memory_resume(r: Path) -> str:
+    """A reading killed after a checkpoint and run again (bench/resume.py): where the checkpoint was, what it cost,
+    what the rerun read, and whether its answer is the one of a reading that never stopped."""
+    rows = []
+    for run in load("resume.json", r)["runs"]:
+        killed, resumed, final = run["killed"], run["resumed"], run["final_state"]
+        ckpt = killed["checkpoint"]
+        rows.append([f"{run['shape']}, {k(run['tokens'])} tokens, W = {run['window']}, {run['threads']} threads",
+                     f"{run['uninterrupted']['wall_s']:.0f} s",
+                     f"every {run['checkpoint_every_s']:g} s; killed at {killed['killed_at_s']:.0f} s",
+                     f"{ckpt['tokens']:,}: {ckpt['bytes'] / 1e9:.2f} GB in {ckpt['write_s']:.1f} s",
+                     f"{final['bytes'] / 1e9:.2f} GB in {final['write_s']:.1f} s",
+                     f"{run['store_bytes'] / 1e9:.2f} GB",
+                     f"{resumed['wall_s']:.0f} s",
+                     "yes" if run["same_answer"] else "**no**"])
+    return md(["model and document", "uninterrupted run", "checkpoints", "checkpoint at the kill (tokens: state)",
+               "state after the document", "store (referenced, not copied)", "rerun after the kill",
+               "same answer"], rows)
+
+
 SHAPE_LABELS = {  # bench/kv_shapes.py's shapes as the README names the models whose KV cache they copy
     "llama-2-7b": "Llama-2-7B (32 layers, 32 KV heads × 128)",
     "llama-3-8b": "Llama-3-8B (32 layers, 8 KV heads × 128)",
@@ -779,6 +799,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-cost": table_memory_cost,
     "memory-step": table_memory_step,
     "memory-scale": table_memory_scale,
+    "memory-resume": table_memory_resume,
     "sizing": table_sizing,
     "server-ttft": table_server_ttft,
     "status": table_status,
@@ -792,7 +813,7 @@ AREAS: Dict[str, List[str]] = {
     "receptive-fields": ["trf", "erf"],
     "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-needle-multi-qwen",
                "memory-needle-blocks", "memory-needle-selection", "memory-rss-phases", "memory-cost", "memory-step",
-               "memory-scale"],
+               "memory-scale", "memory-resume"],
     "server": ["server-ttft"],
     "readme": ["status", "sizing"],
 }
