@@ -631,7 +631,7 @@ def table_sizing(r: Path) -> str:
     rows = []
     for run in sorted(runs, key=lambda x: (order.index(x["shape"]), x["tokens"])):
         short, long_ = run["short_question"], run["long_question"]
-        rows.append([SHAPE_LABELS[run["shape"]], k(run["tokens"]),
+        rows.append([SHAPE_LABELS[run["shape"]], k(run["tokens"]) + (f" ({run['note']})" if run.get("note") else ""),
                      f"{run['memory']['bytes_on_disk'] / 1e9:.1f} GB",
                      f"{run['memory_ram_bytes'] / 1e9:.2f} GB + {run['kv_cache_bytes'] / 1e9:.2f} GB",
                      f"{1000 * run['threads'] / run['read_tok_s']:.0f} s",
