@@ -289,6 +289,13 @@ def test_a_stopped_reading_goes_on_from_its_checkpoint_and_answers_as_one_that_n
     assert cli.main(base + ["--state", str(state)]) == 0
     out = capsys.readouterr()
     assert "restored (" in out.err and out.out == want
+    # the store it references deleted: the run says so and reads again
+    store.unlink()
+    assert cli.main(base + ["--state", str(state)]) == 0
+    out = capsys.readouterr()
+    assert f"references the memory file {store}, which is gone: the document is read again" in out.err
+    assert "none for this document and settings; reading, then saving it" in out.err
+    assert out.out == want and store.is_file()
 
     with pytest.raises(SystemExit):
         cli.main(base + ["--checkpoint-every", "x"])
