@@ -88,13 +88,16 @@ def run_and_kill(cmd: list, state: Path, kill_after: float) -> dict:
         time.sleep(kill_after)
         if p.poll() is not None:
             raise SystemExit("the run ended before it was killed: give a larger --tokens or a smaller --kill-after")
-        checkpoint = json.loads(meta.read_text())
         p.send_signal(signal.SIGKILL)
         p.wait()
     finally:
         if p.poll() is None:
             p.kill()
-    return {"first_checkpoint_s": first, "killed_at_s": time.perf_counter() - t0, "checkpoint": checkpoint}
+    killed_at = time.perf_counter() - t0
+    # read after the kill, as the rerun finds it (a checkpoint written meanwhile replaces the JSON)
+    if not meta.exists():
+        raise SystemExit("killed while a checkpoint was being written (its JSON not yet there): run again")
+    return {"first_checkpoint_s": first, "killed_at_s": killed_at, "checkpoint": json.loads(meta.read_text())}
 
 
 def main(argv=None) -> int:

@@ -74,6 +74,18 @@ def tiny_llm(path, attention, ubatch=64, **kw):
     return llama_extrapolate.Llama(str(path), attention=attention, n_batch=ubatch, n_ubatch=ubatch, **kw)
 
 
+def save_mid_document(llm, tokens, doc: int):
+    """Read tokens[:doc] with the question's retrieval off, save the state, then read the rest with it on (the
+    question): the state and the memory's info at the save."""
+    llm.set_top_k_active(False)
+    llm.eval(tokens[:doc])
+    state = llm.save_state()
+    saved = llm.memory_info()
+    llm.set_top_k_active(True)
+    llm.eval(tokens[doc:])
+    return state, saved
+
+
 def memory_state_round_trip(make, tokens, doc: int, layers) -> dict:
     """The document memory saved and restored with the stream: context a reads tokens[:doc] with the question's
     retrieval off, saves its state, turns retrieval on and reads the rest; context b (from ``make()`` too) reads
@@ -84,12 +96,7 @@ def memory_state_round_trip(make, tokens, doc: int, layers) -> dict:
 
     a, b = make(), make()
     try:
-        a.set_top_k_active(False)
-        a.eval(tokens[:doc])
-        state = a.save_state()
-        saved = a.memory_info()
-        a.set_top_k_active(True)
-        a.eval(tokens[doc:])
+        state, saved = save_mid_document(a, tokens, doc)
         b.set_top_k_active(False)
         b.eval(tokens[:40])
         b.load_state(state)

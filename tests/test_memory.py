@@ -18,7 +18,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from conftest import memory_state_round_trip, random_tokens, tiny_llm
+from conftest import memory_state_round_trip, random_tokens, save_mid_document, tiny_llm
 from reference import RefAttention, TopKMargin, forward, forward_mpt, rope_angles, rotate
 
 N_TOKENS = 300
@@ -787,12 +787,7 @@ def test_a_kept_stores_state_references_its_blocks_and_a_reopened_store_goes_on_
 
     a = make_llm(path, memory_config(), **kept)
     try:
-        a.set_top_k_active(False)
-        a.eval(tokens[:doc])
-        state = a.save_state()
-        saved = a.memory_info()
-        a.set_top_k_active(True)
-        a.eval(tokens[doc:])  # the file goes on past the state's blocks
+        state, saved = save_mid_document(a, tokens, doc)  # the file goes on past the state's blocks
         want = np.asarray(a.scores[doc:N_TOKENS], dtype=np.float64)
         want_sel = {il: a.memory_selection(il) for il in range(H0, model.n_layer)}
     finally:

@@ -212,10 +212,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _at_least(args, "memory_blocks", 0)
     attention = _attention_from_args(args, info)
     resolved = attention.resolve(info)
+    from pathlib import Path
+
     state = None
     if args.state is not None:
-        from pathlib import Path
-
         state = Path(args.state)
         if state.is_dir():
             raise ValueError(f"--state {args.state} is a directory: name a file for the document's state")

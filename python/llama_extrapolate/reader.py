@@ -157,31 +157,36 @@ def memory_layout(model_path: str, resolved, memory_type: str) -> dict:
             "first_layer": resolved.top_k_layer, "block_size": resolved.memory_block_size, "type": memory_type}
 
 
-def state_memory(path: Path) -> Optional[dict]:
-    """The kept memory file a saved state references ({"file": ..., and its memory_layout}), or None."""
+def _meta_path(path: Path) -> Path:
+    """The JSON beside a state file: what the state is valid for (save_document_state writes it)."""
+    return path.with_name(path.name + ".json")
+
+
+def _state_meta(path: Path) -> Optional[dict]:
+    """A state file's JSON, or None when there is none or it cannot be read (the state is then not used)."""
     import json
 
-    meta_path = path.with_name(path.name + ".json")
     try:
-        return json.loads(meta_path.read_text()).get("memory")
-    except (OSError, json.JSONDecodeError, AttributeError):
+        meta = json.loads(_meta_path(path).read_text())
+    except (OSError, json.JSONDecodeError):
         return None
+    return meta if isinstance(meta, dict) else None
+
+
+def state_memory(path: Path) -> Optional[dict]:
+    """The kept memory file a saved state references ({"file": ..., and its memory_layout}), or None."""
+    meta = _state_meta(path)
+    return meta.get("memory") if meta else None
 
 
 def load_document_state(llm, path: Path, tokens: List[int]) -> int:
     """Restore a stream saved after a prefix of ``tokens`` (same model, attention and cache): the whole document,
     or a checkpoint of a reading that stopped. Returns the tokens restored; 0 when ``path`` holds another document
     or settings (the caller reads from the start)."""
-    import json
-
     from .native import clear_memory, read_state_file
 
-    meta_path = path.with_name(path.name + ".json")
-    if not (path.is_file() and meta_path.is_file()):
-        return 0
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError:
+    meta = _state_meta(path) if path.is_file() else None
+    if meta is None:
         return 0
     n = meta.get("tokens")
     if meta.get("fingerprint") != _state_fingerprint(llm) or not isinstance(n, int) or not 0 < n <= len(tokens):
@@ -213,7 +218,7 @@ def save_document_state(llm, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     t0 = time.perf_counter()
     write_state_file(llm.ctx, tmp, ids)
-    meta_path = path.with_name(path.name + ".json")
+    meta_path = _meta_path(path)
     meta_path.unlink(missing_ok=True)
     tmp.replace(path)
     # what the save cost, for the reader of a checkpointed reading (bench/resume.py)
@@ -232,17 +237,12 @@ class Checkpoints:
     def __init__(self, llm, path: Path, every: float) -> None:
         self.llm, self.path, self.every = llm, path, float(every)
         self.last = time.perf_counter()
-        self.saved = 0  # checkpoints written
-        self.seconds = 0.0  # spent writing them
 
     def __call__(self) -> None:
-        now = time.perf_counter()
-        if now - self.last < self.every:
+        if time.perf_counter() - self.last < self.every:
             return
-        save_document_state(self.llm, self.path)
+        save_document_state(self.llm, self.path)  # its JSON records what the save cost
         self.last = time.perf_counter()
-        self.saved += 1
-        self.seconds += self.last - now
 
 
 def read_prompt(llm, tokens: List[int], doc_end: int, *, state: Optional[Path] = None, progress: bool = True,
