@@ -26,6 +26,7 @@ import os
 import platform
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -110,8 +111,18 @@ def run(args) -> None:
         st = setup_for(name, info, n_total, args.n_batch, window=args.window)
         kwargs = st.llama_kwargs()
         store = None
+        # a kept reading (--reading-dir): the state after the document and the store it references, reused by a
+        # later run of the same shape, length and configuration, which then measures the questions only
+        kept = Path(args.reading_dir) / f"{args.shape}-{len(text)}-w{args.window}-t{args.threads}-{name}" \
+            if args.reading_dir else None
+        reuse = kept is not None and (kept / "reading.json").is_file()
         if st.attention.memory_blocks:
-            store = os.path.join(args.store_dir, f"scale-{args.shape}-{os.getpid()}.kvstore")
+            if kept is not None:
+                kept.mkdir(parents=True, exist_ok=True)
+                store = str(kept / "store.kvstore")
+                kwargs.update(memory_keep=True, memory_reopen=reuse)
+            else:
+                store = os.path.join(args.store_dir, f"scale-{args.shape}-{os.getpid()}.kvstore")
             kwargs["memory_path"] = store
             if args.capacity:
                 # the summaries are sized for the capacity (their RAM is the capacity's); the bound and the rerank
@@ -124,25 +135,40 @@ def run(args) -> None:
                        n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **kwargs)
         try:
             session = Session(llm)
-            read_s = session.read(text, progress=True, desc=f"{args.shape} {name} reading").seconds
+            if reuse:
+                reading = json.loads((kept / "reading.json").read_text())
+                if native.read_state_file(llm.ctx, kept / "reading.state", len(text)) != list(text):
+                    raise SystemExit(f"{kept}: the kept reading does not load (another build's state?): remove it")
+                llm.input_ids[0:len(text)] = text
+                llm.n_tokens = len(text)
+            else:
+                reading = {"read_s": session.read(text, progress=True, desc=f"{args.shape} {name} reading").seconds,
+                           "peak_rss_bytes": peak_rss_bytes(), "date": time.strftime("%Y-%m-%d %H:%M")}
+                if kept is not None:
+                    native.write_state_file(llm.ctx, kept / "reading.state", text)
+                    (kept / "reading.json").write_text(json.dumps(reading))
             if st.top_k_question:
                 llm.set_top_k_active(True)
+            read_s = reading["read_s"]
             entry = {"shape": args.shape, "tokens": len(text), "window": args.window, "threads": args.threads,
                      "config": name + (HOLD_SUFFIX if hold else ""),
                      "capacity": (args.capacity or None) if st.attention.memory_blocks else None,
                      "read_s": read_s, "read_tok_s": len(text) / read_s, "n_ctx": st.n_ctx,
                      "kv_cache_bytes": st.n_ctx * shape.n_layer * shape.kv_values_per_layer() * 2 * 2}
+            if reuse:
+                entry["reading_reused"] = reading["date"]
             entry["short_question"] = ask(session, short_q, store, hold)
             entry["long_question"] = ask(session, long_q, store, hold)
             if st.attention.memory_blocks:
                 mi = llm.memory_info()
                 entry.update(memory=mi, disk_bytes_per_token=mi["bytes_on_disk"] / len(text),
                              memory_ram_bytes=mi["bytes_in_ram"])
-            entry["peak_rss_bytes"] = peak_rss_bytes()
+            # the reading's peak too when it was another process's
+            entry["peak_rss_bytes"] = max(peak_rss_bytes(), reading["peak_rss_bytes"])
             entry["model_bytes"] = Path(model).stat().st_size
         finally:
             llm.close()
-            if store and os.path.exists(store):
+            if store and kept is None and os.path.exists(store):
                 os.unlink(store)
         entry["machine"] = {"cpu": platform.processor() or platform.machine(), "threads": args.threads}
         print(json.dumps({k: v for k, v in entry.items() if k not in ("memory",)}, default=str)[:2000])
@@ -163,6 +189,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n-batch", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "scale.json"), help="the results file (entries replaced by key)")
+    ap.add_argument("--reading-dir", default="",
+                    help="keep each reading (its state and store) here and reuse it in a later run of the same "
+                         "shape, length and configuration: the questions are measured again, the reading is not")
     ap.add_argument("--store-dir", default=tempfile.gettempdir(), help="where the store file is written")
     run(ap.parse_args(argv))
     return 0

@@ -976,7 +976,8 @@ def test_hold_modes_are_checked(tiny):
 def test_a_quantized_store_keeps_its_region_in_q8_0(tmp_path):
     """With a q8_0 store the kept region is q8_0 too (34 bytes per 32 values: a Llama-2-7B region of 64 blocks of 64
     in 27 layers takes 0.96 GB where F16 took 1.8) and enters the products as it is (no F32 copy at every answer
-    step; the queries round to q8_0, as llama.cpp's attention rounds them over a q8_0 K cache). With m above the
+    step; the queries round to q8_0, as llama.cpp's attention rounds them over a q8_0 K cache); a ubatch that
+    selects attends to the blocks it reads in the same types (the keys as stored, not widened). With m above the
     selectable blocks every ubatch selects all of them, so until one more block becomes selectable an answer step
     that selects reads the same blocks a hold keeps. Against F32 everywhere, the held q8_0 region's logits stay within
     half again the error of selecting from an F16 store into an F16 cache (the precision of the defaults; this random
@@ -1017,3 +1018,9 @@ def test_a_quantized_store_keeps_its_region_in_q8_0(tmp_path):
     err = lambda got: np.abs(got[span] - exact).max() / np.abs(exact).max()
     e_held, e_f16 = err(held), err(runs["f16"][0])
     assert 0 < e_held < 1.5 * e_f16, f"held q8_0 region: relative logit error {e_held}, F16 store and cache {e_f16}"
+    # a step that selects the kept blocks attends to them in the types the hold keeps (the q8_0 keys as stored, the
+    # values rounded to q8_0 across the cells): the same logits but for the order of the sums (the selection's
+    # order is the scores', the kept region's the question's). Before, the selecting steps cast the region to the
+    # F16 cache's type and scored it with F16 queries: a difference of q8_0's rounding of the queries
+    e_same = np.abs(held[span] - selecting[span]).max() / np.abs(exact).max()
+    assert e_same < 1e-5, f"a selecting step and a held one differ by {e_same} (relative) over the same blocks"
