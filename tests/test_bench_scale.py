@@ -69,6 +69,28 @@ def test_scale_run_records_reading_questions_and_reads(shape_model, tmp_path, mo
         assert n is None or run[q]["question_tokens"] == n
 
 
+def test_a_kept_reading_is_reused_for_the_questions(shape_model, tmp_path, monkeypatch):
+    """--reading-dir keeps the state after the document and the store it references; a second run with the same
+    shape, length and configuration loads them instead of reading, records when the reading was made, and its
+    question reads the store the first run wrote (what a rerun measures is the questions, on the same reading)."""
+    bench = load_bench("scale")
+    path, _ = shape_model
+    monkeypatch.setattr(bench, "shape_model", lambda shape: str(path))
+    out, kept = tmp_path / "scale.json", tmp_path / "readings"
+    args = ["--shape", "llama-3-8b", "--tokens", "600", "--window", "64", "--n-batch", "64", "--threads", "1",
+            "--configs", "memory:m=2:c=4:hold", "--reading-dir", str(kept), "--out", str(out)]
+    assert bench.main(args) == 0
+    first = json.loads(out.read_text())["runs"][0]
+    (reading,) = kept.iterdir()
+    assert {p.name for p in reading.iterdir()} == {"reading.json", "reading.state", "store.kvstore"}
+    assert "reading_reused" not in first
+    assert bench.main(args) == 0
+    (again,) = json.loads(out.read_text())["runs"]
+    assert again["reading_reused"] == json.loads((reading / "reading.json").read_text())["date"]
+    assert again["read_s"] == first["read_s"] and again["memory"]["n_blocks"] == first["memory"]["n_blocks"] > 2
+    assert again["short_question"]["question_rchar"] > 0  # the question read the kept store
+
+
 def test_the_shape_models_memory_is_stored_by_its_key_head_not_its_residual_width(shape_model):
     """The shape model's residual stream over its heads is 256 / 32 = 8 values, its key heads 128 (attention.key_length):
     the memory's default type follows the key head (q8_0), as it would on the real model."""

@@ -572,6 +572,7 @@ def table_memory_scale(r: Path) -> str:
     for run in d["runs"]:
         short, long_ = run["short_question"], run["long_question"]
         note = f" ({run['note']})" if run.get("note") else ""
+        note += " (questions on the kept reading)" if run.get("reading_reused") else ""
         read = f"{k(run['tokens'])} read" + (f", memory for {k(run['capacity'])}" if run.get("capacity") else "")
         rows.append([f"{run['config']}{note}", f"{run['shape']}, {read}, W = {run['window']}, {run['threads']} threads",
                      f"{run['read_tok_s']:.0f}",

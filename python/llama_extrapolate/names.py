@@ -1,7 +1,8 @@
 """Named configurations: the names evaluations, plots, tables and benchmarks store results under.
 
 A name is a small language: a baseline ("lambda", "vanilla", ...), "lambda+top-k", "profile=PATH", or a document
-memory "lambda+memory[:m=N[:c=C]][:passages][:layer][:hold]". ``NamedConfig.parse`` reads one (and names a malformed
+memory "lambda+memory[:m=N[:c=C]][:STORE][:passages][:layer][:hold]" (STORE: the store's type, q4_0, q8_0, f16 or
+f32; the library's choice for the model when left out). ``NamedConfig.parse`` reads one (and names a malformed
 part), ``.name`` gives the canonical spelling results are stored under (the memory's m and c always written, since
 the defaults have changed over time), ``.label()`` the human label of tables and plots.
 
@@ -28,6 +29,8 @@ PROFILE_CONFIG_PREFIX = "profile="
 MEMORY_LAYER_SUFFIX = ":layer"
 # before ":layer": the question reads every key of the selected blocks in the order of the text (top_k = m * B)
 MEMORY_PASSAGES_SUFFIX = ":passages"
+# after ":c=C": the store's type (":q4_0"), the model's default when left out (options.memory_type_for)
+MEMORY_STORE_TYPES = ("q8_0", "q4_0", "f16", "f32")
 # last of all: the answer attends to the blocks its question selected (Llama.memory_hold) instead of selecting anew
 # at every answer token
 MEMORY_HOLD_SUFFIX = ":hold"
@@ -48,6 +51,7 @@ class NamedConfig:
     memory_selection: str = "head"
     passages: bool = False
     hold: bool = False
+    memory_type: Optional[str] = None  # the store's type; None: the library's choice for the model
 
     def __post_init__(self) -> None:
         known = (*BASELINES, TOP_K_CONFIG, MEMORY_CONFIG, "profile")
@@ -61,9 +65,12 @@ class NamedConfig:
         if memory != (self.memory_blocks is not None) or memory != (self.memory_candidates is not None):
             raise ValueError(f"configuration {self.base!r}: memory_blocks and memory_candidates are given for "
                              f"{MEMORY_CONFIG} and only for it")
-        if not memory and (self.passages or self.memory_selection != "head" or self.hold):
-            raise ValueError(f"configuration {self.base!r}: passages, memory_selection and hold need "
-                             f"{MEMORY_CONFIG}")
+        if not memory and (self.passages or self.memory_selection != "head" or self.hold or self.memory_type):
+            raise ValueError(f"configuration {self.base!r}: passages, memory_selection, hold and the store's type "
+                             f"need {MEMORY_CONFIG}")
+        if self.memory_type is not None and self.memory_type not in MEMORY_STORE_TYPES:
+            raise ValueError(f"configuration {self.base!r}: store type {self.memory_type!r}: use one of "
+                             f"{', '.join(MEMORY_STORE_TYPES)}")
         if memory:
             if self.memory_blocks < 1:
                 raise ValueError(f"configuration {self.name!r}: m must be a whole number >= 1, as in "
@@ -103,16 +110,19 @@ class NamedConfig:
             rest, selection = rest[:-len(MEMORY_LAYER_SUFFIX)], "layer"
         if rest.endswith(MEMORY_PASSAGES_SUFFIX):
             rest, passages = rest[:-len(MEMORY_PASSAGES_SUFFIX)], True
+        memory_type = next((t for t in MEMORY_STORE_TYPES if rest.endswith(":" + t)), None)
+        if memory_type is not None:
+            rest = rest[:-len(memory_type) - 1]
         if rest == MEMORY_CONFIG:
             from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
 
             m, c = DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS
             return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
-                       passages=passages, hold=hold)
+                       passages=passages, hold=hold, memory_type=memory_type)
         prefix = MEMORY_CONFIG + ":m="
         if not rest.startswith(prefix):
-            raise ValueError(f"configuration {whole!r}: spell a memory as {MEMORY_CONFIG}[:m=N[:c=C]][:passages]"
-                             f"[:layer][:hold], e.g. {prefix}64")
+            raise ValueError(f"configuration {whole!r}: spell a memory as {MEMORY_CONFIG}[:m=N[:c=C]][:q4_0]"
+                             f"[:passages][:layer][:hold], e.g. {prefix}64")
         m_text, _, c_text = rest[len(prefix):].partition(":c=")
         if not m_text.isdigit() or int(m_text) < 1:
             raise ValueError(f"configuration {whole!r}: m must be a whole number >= 1, as in {prefix}64")
@@ -130,7 +140,7 @@ class NamedConfig:
                                  f"as in {prefix}{m}:c={MEMORY_CANDIDATES_PER_BLOCK * m}")
             c = MEMORY_CANDIDATES_PER_BLOCK * m
         return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
-                   passages=passages, hold=hold)
+                   passages=passages, hold=hold, memory_type=memory_type)
 
     @property
     def name(self) -> str:
@@ -140,6 +150,7 @@ class NamedConfig:
         if not self.is_memory:
             return self.base
         return (f"{MEMORY_CONFIG}:m={self.memory_blocks}:c={self.memory_candidates}"
+                + (f":{self.memory_type}" if self.memory_type else "")
                 + (MEMORY_PASSAGES_SUFFIX if self.passages else "")
                 + (MEMORY_LAYER_SUFFIX if self.memory_selection == "layer" else "")
                 + (MEMORY_HOLD_SUFFIX if self.hold else ""))
@@ -155,4 +166,5 @@ class NamedConfig:
         layer = ", per layer" if self.memory_selection == "layer" else ""
         keys = "whole blocks in text order" if self.passages else "k = 5"
         hold = ", answer holds the question's blocks" if self.hold else ""
-        return f"Λ + memory (m = {self.memory_blocks}{rerank}{layer}, B = {block_size}, {keys}{hold})"
+        store = f", {self.memory_type} store" if self.memory_type else ""
+        return f"Λ + memory (m = {self.memory_blocks}{rerank}{layer}, B = {block_size}, {keys}{store}{hold})"

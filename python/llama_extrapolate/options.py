@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
+from .names import MEMORY_STORE_TYPES
+
 if TYPE_CHECKING:  # pragma: no cover
     from .config import AttentionConfig
     from .model_info import ModelInfo
 
-MEMORY_TYPE_CHOICES = ("q8_0", "q4_0", "f16", "f32")
+MEMORY_TYPE_CHOICES = MEMORY_STORE_TYPES  # the flags' and the named configurations' one list
 MEMORY_SELECTION_CHOICES = ("head", "layer")
 PROFILE_MODE_CHOICES = ("pmax", "entropy")
 

@@ -188,6 +188,7 @@ class MemorySettings(NamedTuple):
     selection: str = "head"  # see config.MEMORY_SELECTIONS
     passages: bool = False  # every key of the selected blocks, in the order of the text
     hold: bool = False  # the answer attends to the blocks its question selected
+    memory_type: Optional[str] = None  # the store's type (None: the library's choice for the model)
 
 
 def memory_config_name(name: str) -> str:
@@ -205,7 +206,7 @@ def memory_settings_of(name: str) -> Optional[MemorySettings]:
         return None
     named = NamedConfig.parse(name)
     return MemorySettings(named.memory_blocks, named.memory_candidates, named.memory_selection, named.passages,
-                          named.hold)
+                          named.hold, named.memory_type)
 
 
 def memory_blocks_of(name: str) -> Optional[int]:
@@ -223,10 +224,12 @@ class EvalSetup:
     n_ctx: int
     context_shift: Optional[int] = None
     memory_capacity: Optional[int] = None  # tokens the document memory is opened for
+    memory_type: Optional[str] = None  # the store's type, when the name gives one
 
     def llama_kwargs(self) -> dict:
-        """What ``Llama`` needs besides the attention and n_ctx (the document memory's capacity)."""
-        return {"memory_capacity": self.memory_capacity} if self.memory_capacity else {}
+        """What ``Llama`` needs besides the attention and n_ctx (the document memory's capacity and store type)."""
+        kwargs = {"memory_capacity": self.memory_capacity} if self.memory_capacity else {}
+        return {**kwargs, "memory_type": self.memory_type} if self.memory_type else kwargs
 
     @property
     def top_k_question(self) -> bool:
@@ -294,7 +297,7 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
                       memory_candidates=memory.candidates, memory_selection=memory.selection,
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, cfg.resolve(info).required_n_ctx(n_batch, stream=n_tokens),
-                         memory_capacity=n_tokens + n_batch)
+                         memory_capacity=n_tokens + n_batch, memory_type=memory.memory_type)
     elif name == "log-length":
         return EvalSetup(name, AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="log-length"), full)
     else:
