@@ -85,6 +85,7 @@ def run(args) -> None:
     from llama_extrapolate import native
     from llama_extrapolate.harness.corpora import paul_graham_essays
     from llama_extrapolate.harness.evaluate import memory_config_name, setup_for
+    from llama_extrapolate.reader import load_document_state, save_document_state
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
     from llama_extrapolate.session import Session
 
@@ -137,15 +138,13 @@ def run(args) -> None:
             session = Session(llm)
             if reuse:
                 reading = json.loads((kept / "reading.json").read_text())
-                if native.read_state_file(llm.ctx, kept / "reading.state", len(text)) != list(text):
+                if load_document_state(llm, kept / "reading.state", text) != len(text):
                     raise SystemExit(f"{kept}: the kept reading does not load (another build's state?): remove it")
-                llm.input_ids[0:len(text)] = text
-                llm.n_tokens = len(text)
             else:
                 reading = {"read_s": session.read(text, progress=True, desc=f"{args.shape} {name} reading").seconds,
                            "peak_rss_bytes": peak_rss_bytes(), "date": time.strftime("%Y-%m-%d %H:%M")}
                 if kept is not None:
-                    native.write_state_file(llm.ctx, kept / "reading.state", text)
+                    save_document_state(llm, kept / "reading.state")
                     (kept / "reading.json").write_text(json.dumps(reading))
             if st.top_k_question:
                 llm.set_top_k_active(True)

@@ -82,7 +82,8 @@ def test_a_kept_reading_is_reused_for_the_questions(shape_model, tmp_path, monke
     assert bench.main(args) == 0
     first = json.loads(out.read_text())["runs"][0]
     (reading,) = kept.iterdir()
-    assert {p.name for p in reading.iterdir()} == {"reading.json", "reading.state", "store.kvstore"}
+    assert {p.name for p in reading.iterdir()} == {"reading.json", "reading.state", "reading.state.json",
+                                                   "store.kvstore"}
     assert "reading_reused" not in first
     assert bench.main(args) == 0
     (again,) = json.loads(out.read_text())["runs"]
