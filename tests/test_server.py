@@ -254,3 +254,52 @@ def test_cache_keeps_the_streams_of_other_documents(tmp_path):
         assert again["tokens"] == first[0]["tokens"] and again["read"] <= 2, (first, again)
     finally:
         s.stop()
+
+
+def test_a_server_killed_mid_reading_goes_on_from_its_checkpoint(tmp_path):
+    """--checkpoint_path: the reading of a long prompt is saved as it goes. The server killed in the middle of one
+    (SIGKILL: no chance to save anything) and started again goes on from the last checkpoint when the prompt comes
+    back: it reads only the rest and answers. (Whether the answer is the one a reading that never stopped gives
+    is the restore's exactness: test_state.py, where a memory stream restored after a re-basing is still off.)"""
+    import threading
+
+    key = int(np.random.default_rng(7).integers(10_000, 100_000))
+    prompt = planted(document(24_000), key, 2_000) + "\n\nWhat is the pass key? The pass key is"
+    state = tmp_path / "stream.state"
+    args = ("--window", "512", "--memory_capacity", "16384", "--n_threads", "2", "--checkpoint_path", str(state),
+            "--checkpoint_every", "0.5")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+
+    s = Server(*args, tmp_path=tmp_path / "a")
+    failed = []
+
+    def request():
+        try:
+            s.client.completions.create(model="default", prompt=prompt, max_tokens=8, temperature=0)
+        except Exception as exc:  # the server is killed under it
+            failed.append(exc)
+
+    client = threading.Thread(target=request)
+    client.start()
+    meta = tmp_path / "stream.state.json"
+    try:
+        deadline = time.time() + 600
+        while not (meta.is_file() and json.loads(meta.read_text())["tokens"] >= 2048):
+            assert time.time() < deadline and client.is_alive(), s.log()
+            time.sleep(0.2)
+        s.proc.kill()
+        client.join(60)
+    finally:
+        s.stop()
+    assert failed, "the request ended before the kill"
+    saved = json.loads(meta.read_text())["tokens"]
+
+    s = Server(*args, tmp_path=tmp_path / "b")
+    try:
+        r = s.client.completions.create(model="default", prompt=prompt, max_tokens=8, temperature=0)
+        last = s.stats()["last_prompt"]
+    finally:
+        s.stop()
+    assert last["reused"] == saved and last["read"] == last["tokens"] - saved, (saved, last)
+    assert r.choices[0].text.strip() and r.choices[0].finish_reason == "length", r.choices[0]

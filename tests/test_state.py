@@ -303,3 +303,133 @@ def test_a_stopped_reading_goes_on_from_its_checkpoint_and_answers_as_one_that_n
     assert "--checkpoint-every needs --state FILE" in capsys.readouterr().err
     assert cli.main(base + ["--state", str(state), "--checkpoint-every", "-1"]) == 2
     assert "must be >= 0 seconds" in capsys.readouterr().err
+
+
+def test_a_llama_checkpoints_a_long_prompt_and_a_new_one_goes_on_from_it(tmp_path, tiny_llama, monkeypatch):
+    """Llama(checkpoint_path=...) saves the reading of a long prompt as it goes (here after every batch, the memory's
+    blocks in a kept file beside it); stopped in the middle, a new Llama with the same settings given the same
+    prompt goes on from the last checkpoint and answers what a reading that never stopped answers. Another prompt
+    drops the checkpoint (its memory file is then written over) and is read from its start."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig, reader
+
+    _, path = tiny_llama
+    prompt = " ".join(f"Line {i}: the fox number {i} jumps over dog {i * 7 % 1000}." for i in range(170))
+    prompt += "\nWhich dog did fox 3 jump over? Dog"
+    attention = AttentionConfig(sinks=4, window=32, memory_blocks=2, memory_block_size=32, top_k=5, top_k_layer=0,
+                                top_k_scope="question")
+
+    def make(**kw):
+        return llama_extrapolate.Llama(str(path), attention=attention, n_ctx=1024, n_batch=512, n_ubatch=512,
+                                       n_threads=2, verbose=False, question_tokens=16, memory_capacity=16384,
+                                       memory_type="f16", **kw)
+
+    def complete(llm, text=prompt):
+        return llm.create_completion(text, max_tokens=8, temperature=0)["choices"][0]["text"]
+
+    llm = make()
+    try:
+        want = complete(llm)
+        n_prompt = llm.last_prompt.tokens
+    finally:
+        llm.close()
+    assert want.strip() and 10_000 < n_prompt < 13_000
+
+    state = tmp_path / "stream.state"
+    chunks = []
+    checkpoint = reader.Checkpoints.__call__
+
+    def stop_in_the_fifth_batch(self):
+        chunks.append(self.llm.n_tokens)
+        if len(chunks) == 5:
+            raise KeyboardInterrupt  # after the fifth batch's decode (its blocks in the store), before its save
+        checkpoint(self)
+
+    monkeypatch.setattr(reader.Checkpoints, "__call__", stop_in_the_fifth_batch)
+    llm = make(checkpoint_path=str(state), checkpoint_every=1e-9)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            complete(llm)
+    finally:
+        llm.close()
+    monkeypatch.setattr(reader.Checkpoints, "__call__", checkpoint)
+    assert chunks == [512, 1024, 1536, 2048, 2560]
+    store = tmp_path / "stream.state.memory"
+    assert store.is_file() and state.stat().st_size < store.stat().st_size / 4  # the state references the store
+
+    llm = make(checkpoint_path=str(state))
+    try:
+        assert complete(llm) == want
+        assert (llm.last_prompt.reused, llm.last_prompt.read) == (2048, n_prompt - 2048)
+        # another prompt: the checkpoint is dropped, the prompt read from its start
+        other = prompt.replace("fox", "cat")
+        assert complete(llm, other).strip()
+        assert llm.last_prompt.reused == 0 and not state.exists()
+    finally:
+        llm.close()
+
+    with pytest.raises(ValueError, match="checkpoint_every=0"):
+        make(checkpoint_path=str(state), checkpoint_every=0)
+    with pytest.raises(ValueError, match="is a directory"):
+        make(checkpoint_path=str(tmp_path))
+    with pytest.raises(ValueError, match="does not exist"):
+        make(checkpoint_path=str(tmp_path / "nowhere" / "s.state"))
+    with pytest.raises(ValueError, match="needs a window"):
+        llama_extrapolate.Llama(str(path), n_ctx=256, verbose=False, checkpoint_path=str(state))
+
+
+def test_a_restored_lambda_stream_goes_on_in_the_cells_the_saved_one_would(default_model):
+    """A state saved after 1,024 tokens of a W = 512, S = 10 stream (the window has freed cells behind it) and loaded
+    into a new context: the next tokens take the cells the saved stream would have taken, and their logits are the
+    saved stream's bit for bit (upstream's restore searched from cell 0 and put the next token into the first freed
+    cell; on SmolLM2 that moved the logits by up to 0.37, an open placement dependence noted in the session notes)."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.harness.corpora import paul_graham_essays
+
+    def make():
+        return llama_extrapolate.Llama(str(default_model), attention=AttentionConfig(sinks=10, window=512),
+                                       n_ctx=1290, n_batch=512, n_ubatch=512, n_threads=2, verbose=False)
+
+    a, b = make(), make()
+    try:
+        tokens = a.tokenize(paul_graham_essays()[:12_000].encode())[:1100]
+        a.eval(tokens[:1024])
+        b.load_state(a.save_state())
+        for i in range(1024, 1027):
+            a.eval(tokens[i:i + 1])
+            b.eval(tokens[i:i + 1])
+            assert np.array_equal(last_logits(a), last_logits(b)), i
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.xfail(strict=True, reason="open: a document-memory stream restored after the window's re-basing goes on "
+                                       "with other logits (the Lambda cache alone restores exactly, above)")
+def test_a_memory_stream_restored_after_a_rebasing_goes_on_exactly(default_model):
+    """The same with the document memory on and the state saved after the window's first re-basing (at 2,048 tokens
+    of a W = 512 stream): the logits of the rest should be the saved stream's. Known to differ (up to ~0.7 on
+    SmolLM2); saved before the re-basing (1,024 tokens) they are equal."""
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.harness.corpora import paul_graham_essays
+
+    def make():
+        return llama_extrapolate.Llama(str(default_model), n_ctx=1354, n_batch=512, n_ubatch=512, n_threads=2,
+                                       verbose=False, memory_capacity=8192, attention=AttentionConfig(
+                                           sinks=10, window=512, top_k=5, top_k_scope="question", memory_blocks=64))
+
+    a, b = make(), make()
+    try:
+        tokens = a.tokenize(paul_graham_essays()[:12_000].encode())[:2300]
+        a.set_top_k_active(False)
+        a.eval(tokens[:2048])
+        b.set_top_k_active(False)
+        b.load_state(a.save_state())
+        a.eval(tokens[2048:])
+        b.eval(tokens[2048:])
+        assert np.array_equal(last_logits(a), last_logits(b))
+    finally:
+        a.close()
+        b.close()

@@ -11,8 +11,7 @@ from typing import Optional, Sequence
 
 from . import interrupt
 
-# seconds of a reading between checkpoints of run --state: a stopped reading of hours loses at most this much
-DEFAULT_CHECKPOINT_SECONDS = 600.0
+from .options import DEFAULT_CHECKPOINT_SECONDS
 
 
 def _library_facts() -> dict:
@@ -242,8 +241,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             # summaries, not a copy of the store); a rerun reopens the file as the state left it, a run with other
             # settings starts it anew (its state will not be restored either)
             memory_file, keep = memory_file or str(state) + ".memory", True
-            kept = reader.state_memory(state)
-            reopen = kept == {"file": memory_file, **reader.memory_layout(model, resolved, memory_type)}
+            reopen = reader.kept_memory_matches(state, memory_file, model, resolved, memory_type)
             if reopen and not Path(memory_file).is_file():
                 # the state was for these settings, but the store it references is gone (opening makes it anew)
                 notes.append(f"the state {state} references the memory file {memory_file}, which is gone: the "

@@ -20,6 +20,7 @@ import numpy as np
 
 from . import logs, native
 from .config import AttentionConfig, ResolvedAttention, Temperature
+from .options import DEFAULT_CHECKPOINT_SECONDS
 from .native import context_address
 from .history import TokenHistory
 from .model_info import InvalidModelError, knob_support, read_model_info
@@ -63,8 +64,12 @@ class Llama(llama_cpp.Llama):
     def __init__(self, model_path: str, *args: Any, attention: Optional[AttentionConfig] = None,
                  memory_path: Optional[str] = None, memory_dir: Optional[str] = None, memory_keep: bool = False,
                  memory_type: str = "q8_0", memory_capacity: Optional[int] = None, memory_reopen: bool = False,
-                 question_tokens: Optional[int] = None, memory_answer: str = "select", **kwargs: Any) -> None:
+                 question_tokens: Optional[int] = None, memory_answer: str = "select",
+                 checkpoint_path: Optional[str] = None, checkpoint_every: float = DEFAULT_CHECKPOINT_SECONDS,
+                 **kwargs: Any) -> None:
         self.tokens_decoded = 0  # every token eval decoded, prompts and answers
+        self._checkpoints = None  # a long prompt's reading saved as it goes (checkpoint_path)
+        self._memory_reopened = False  # a kept memory file reopened, not yet restored or cleared
         self.last_prompt: Optional[PromptReport] = None
         self.memory_capacity: Optional[int] = None  # tokens the document memory holds, once it is open
         self.memory_type: Optional[str] = None
@@ -140,6 +145,9 @@ class Llama(llama_cpp.Llama):
             raise RuntimeError(f"the library was loaded with {loaded}, not with {expected}: the overrides did not apply")
         # per-layer / per-head values and points (metadata carries only one number) go through the C API
         self._apply_temperature(expected)
+        if checkpoint_path is not None:
+            memory_path, memory_keep, memory_reopen = self._checkpoint_to(
+                checkpoint_path, checkpoint_every, memory_path, memory_keep, memory_reopen, memory_type)
         if expected.memory:
             self._open_memory(memory_path, memory_dir, memory_keep, memory_type, memory_capacity, memory_reopen)
         elif memory_path is not None or memory_capacity is not None or memory_reopen:
@@ -229,6 +237,57 @@ class Llama(llama_cpp.Llama):
         self.memory_capacity = capacity
         self.memory_type = type_name
         self.memory_file = path if keep else None  # a file that outlives the context, referenced by its states
+
+    def _checkpoint_to(self, path: str, every: float, memory_path: Optional[str], memory_keep: bool,
+                       memory_reopen: bool, memory_type: str) -> tuple:
+        """Checkpoint the reading of long prompts to ``path`` every ``every`` seconds, so that a process stopped
+        in the middle of a reading of hours (a server restarted, a laptop shut) goes on from the last checkpoint
+        when the same prompt comes back. The memory's blocks go to a kept file beside it (``path``.memory unless
+        ``memory_path`` says), referenced by the checkpoint, not copied into it; the file is reopened when the
+        checkpoint references it. Returns the memory's (path, keep, reopen)."""
+        from pathlib import Path
+
+        from . import reader
+
+        if isinstance(every, bool) or not isinstance(every, (int, float)) or not every > 0:
+            raise ValueError(f"checkpoint_every={every!r}: give the seconds of reading between checkpoints (> 0)")
+        if not self.attention_resolved.bounded_cache:
+            raise ValueError(f"checkpoint_path={path!r} needs a window (a bounded cache: AttentionConfig() or "
+                             "window=W), whose stream is read in batches a checkpoint can come between")
+        state = Path(path)
+        if state.is_dir():
+            raise ValueError(f"checkpoint_path={path!r} is a directory: name a file for the stream's state")
+        if not state.parent.is_dir():
+            raise ValueError(f"checkpoint_path={path!r}: its directory {str(state.parent)!r} does not exist; create "
+                             "it or choose another")
+        if self.attention_resolved.memory:
+            memory_path = memory_path or str(state) + ".memory"
+            memory_keep = True
+            memory_reopen = memory_reopen or (Path(memory_path).is_file() and reader.kept_memory_matches(
+                state, memory_path, self.model_path, self.attention_resolved, memory_type))
+            self._memory_reopened = memory_reopen
+        self._checkpoints = reader.Checkpoints(self, state, every)
+        return memory_path, memory_keep, memory_reopen
+
+    def _resume_reading(self, tokens: list) -> None:
+        """Before a prompt: go on from the checkpoint when it holds more of the prompt than the stream does; a
+        checkpoint of another prompt is dropped (the stream now writes over the memory file it references)."""
+        from . import reader
+
+        path = self._checkpoints.path
+        n = reader.state_prefix(self, path, tokens)
+        if n is not None and n > self.reusable_prefix(tokens):
+            if reader.load_document_state(self, path, tokens) == n:
+                self._memory_reopened = False
+                self._held_at = None
+                return
+            n = None  # refused by the library (its memory file changed): read the prompt
+        if n is None and path.is_file():
+            reader.remove_state(path)
+        if self._memory_reopened:
+            native.clear_memory(self.ctx)  # the reopened file's blocks are not this stream's
+            self.reset()
+            self._memory_reopened = False
 
     def devices(self) -> dict:
         """The ggml device of each layer and of the output layer ({"layers": [...], "output": ...}, e.g. "CPU",
@@ -415,13 +474,15 @@ class Llama(llama_cpp.Llama):
         tokens = list(tokens)
         keeps = (self.memory_answer == "hold" and bool(tokens) and not self.vocab_only
                  and self._set_memory_hold_for(len(tokens)) == "keep")
+        if self._checkpoints is not None:
+            self._checkpoints.restart()
         if self.question_tokens is None or self.vocab_only:
-            self._eval(tokens)
+            self._eval(tokens, checkpoints=True)
         else:
             split = max(0, len(tokens) - self.question_tokens)
             if split > 0:
                 self.set_top_k_active(False)
-                self._eval(tokens[:split])
+                self._eval(tokens[:split], checkpoints=True)
             self.set_top_k_active(True)
             self._eval(tokens[split:])
         if keeps and self.top_k_state[0] > 0:
@@ -434,7 +495,10 @@ class Llama(llama_cpp.Llama):
             raise ValueError(f"the prompt has {len(tokens)} tokens and the document memory holds "
                              f"{self.memory_capacity} (memory_capacity): shorten the prompt, or load the model with a "
                              "larger memory_capacity")
-        t0, before = time.perf_counter(), self.tokens_decoded
+        t0 = time.perf_counter()
+        if self._checkpoints is not None and tokens:
+            self._resume_reading(tokens)
+        before = self.tokens_decoded
         first = True
         for token in super().generate(tokens, *args, **kwargs):
             if first:
@@ -444,7 +508,9 @@ class Llama(llama_cpp.Llama):
                 first = False
             yield token
 
-    def _eval(self, tokens: list) -> None:
+    def _eval(self, tokens: list, checkpoints: bool = False) -> None:
+        """Decode ``tokens`` a batch at a time; ``checkpoints``: the stream may be saved between batches (a
+        document's reading, not its question's tokens, whose memory selection an answer may hold)."""
         if self.vocab_only:
             raise ValueError("eval: this Llama was loaded with vocab_only=True (tokenizer only, no layers); load "
                              "it without vocab_only to decode")
@@ -486,6 +552,8 @@ class Llama(llama_cpp.Llama):
             self.n_tokens += n
             self.tokens_decoded += n
             self._requires_eval = False
+            if checkpoints and self._checkpoints is not None:
+                self._checkpoints()
 
     def reset(self) -> None:
         super().reset()

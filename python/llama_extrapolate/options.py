@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 from .names import MEMORY_STORE_TYPES
 
+# seconds of a reading between checkpoints (run --state, Llama's and serve's checkpoint_path): a stopped reading
+# of hours loses at most this much
+DEFAULT_CHECKPOINT_SECONDS = 600.0
+
 if TYPE_CHECKING:  # pragma: no cover
     from .config import AttentionConfig
     from .model_info import ModelInfo

@@ -157,6 +157,39 @@ def memory_layout(model_path: str, resolved, memory_type: str) -> dict:
             "first_layer": resolved.top_k_layer, "block_size": resolved.memory_block_size, "type": memory_type}
 
 
+def kept_memory_matches(state: Path, memory_file: str, model_path: str, resolved, memory_type: str) -> bool:
+    """Whether the state saved at ``state`` references the kept memory file ``memory_file`` with this layout: then
+    a context reopens the file as the state left it (``memory_reopen``), else it starts the file anew."""
+    return state_memory(state) == {"file": memory_file, **memory_layout(model_path, resolved, memory_type)}
+
+
+def ids_sha256(tokens: Sequence[int]) -> str:
+    """A hash of token ids, kept in a state's JSON: a prompt is checked against a state without loading it."""
+    import hashlib
+
+    import numpy as np
+
+    return hashlib.sha256(np.asarray(list(tokens), dtype="<i4").tobytes()).hexdigest()
+
+
+def state_prefix(llm, path: Path, tokens: Sequence[int]) -> Optional[int]:
+    """The tokens of the state saved at ``path`` when it is valid for ``llm`` (the same model, attention and cache)
+    and holds a prefix of ``tokens``, shorter than them; else None (another document, settings, or no state)."""
+    meta = _state_meta(path) if path.is_file() else None
+    if meta is None:
+        return None
+    n = meta.get("tokens")
+    if meta.get("fingerprint") != _state_fingerprint(llm) or not isinstance(n, int) or not 0 < n < len(tokens):
+        return None
+    return n if meta.get("ids_sha256") == ids_sha256(tokens[:n]) else None
+
+
+def remove_state(path: Path) -> None:
+    """A saved state and its JSON, gone (the kept memory file it referenced is another stream's from now on)."""
+    _meta_path(path).unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
+
+
 def _meta_path(path: Path) -> Path:
     """The JSON beside a state file: what the state is valid for (save_document_state writes it)."""
     return path.with_name(path.name + ".json")
@@ -191,6 +224,8 @@ def load_document_state(llm, path: Path, tokens: List[int]) -> int:
     n = meta.get("tokens")
     if meta.get("fingerprint") != _state_fingerprint(llm) or not isinstance(n, int) or not 0 < n <= len(tokens):
         return 0
+    if "ids_sha256" in meta and meta["ids_sha256"] != ids_sha256(tokens[:n]):
+        return 0  # another document's (known without loading the state)
     llm.reset()
     if read_state_file(llm.ctx, path, n) != list(tokens[:n]):
         llm.reset()
@@ -213,7 +248,7 @@ def save_document_state(llm, path: Path) -> None:
     n = llm.n_tokens
     ids = llm.input_ids[0:n]
     if len(ids) != n:
-        raise ValueError(f"--state: the first ids of the {n}-token stream are no longer kept; cannot save it")
+        raise ValueError(f"the state {path}: the first ids of the {n}-token stream are no longer kept; cannot save it")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     t0 = time.perf_counter()
@@ -222,7 +257,8 @@ def save_document_state(llm, path: Path) -> None:
     meta_path.unlink(missing_ok=True)
     tmp.replace(path)
     # what the save cost, for the reader of a checkpointed reading (bench/resume.py)
-    meta = {"fingerprint": _state_fingerprint(llm), "tokens": n, "bytes": path.stat().st_size,
+    meta = {"fingerprint": _state_fingerprint(llm), "tokens": n, "ids_sha256": ids_sha256(ids),
+            "bytes": path.stat().st_size,
             "write_s": round(time.perf_counter() - t0, 3)}
     if getattr(llm, "memory_file", None):
         meta["memory"] = {"file": llm.memory_file,
@@ -236,6 +272,10 @@ class Checkpoints:
 
     def __init__(self, llm, path: Path, every: float) -> None:
         self.llm, self.path, self.every = llm, path, float(every)
+        self.last = time.perf_counter()
+
+    def restart(self) -> None:
+        """The clock starts with a reading (a stream idle between requests is not a reading's time)."""
         self.last = time.perf_counter()
 
     def __call__(self) -> None:

@@ -34,7 +34,7 @@ except ImportError as exc:  # the server's packages are an extra
                       "pip install 'llama-extrapolate[server]'") from exc
 
 from .llama import DEFAULT_MEMORY_CAPACITY
-from .options import OPTIONS, OptionSpec
+from .options import DEFAULT_CHECKPOINT_SECONDS, OPTIONS, OptionSpec
 
 DEFAULT_QUESTION_TOKENS = 128
 
@@ -55,6 +55,12 @@ class _ServerModelSettings(ModelSettings):
     memory_capacity: int = Field(default=DEFAULT_MEMORY_CAPACITY, ge=1, description=(
         "tokens the memory holds (the longest stream a request may make); its file is reserved at start, "
         "about 10 KB a token for SmolLM2 at q8_0"))
+    checkpoint_path: Optional[str] = Field(default=None, description=(
+        "file the reading of a long prompt is checkpointed to (and the memory's blocks kept beside it, "
+        ".memory): a server stopped in the middle of a reading goes on from the last checkpoint when the same "
+        "prompt comes back"))
+    checkpoint_every: float = Field(default=DEFAULT_CHECKPOINT_SECONDS, gt=0, description=(
+        "seconds of reading between checkpoints (with checkpoint_path)"))
     question_tokens: int = Field(default=DEFAULT_QUESTION_TOKENS, ge=1, description=(
         "the last tokens of each prompt read with the middle keys (the question), the rest without"))
 
@@ -112,6 +118,8 @@ def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
         raise ValueError("memory_type/memory_dir with the document memory off: drop them, or set memory_blocks")
     if resolved.top_k > 0 and resolved.top_k_scope == "question":
         kwargs.update(question_tokens=settings.question_tokens)
+    if settings.checkpoint_path is not None:
+        kwargs.update(checkpoint_path=settings.checkpoint_path, checkpoint_every=settings.checkpoint_every)
     n_ubatch = min(settings.n_ubatch, settings.n_batch)
     if resolved.bounded_cache:
         need = resolved.required_n_ctx(n_ubatch, stream=0)
@@ -348,6 +356,9 @@ def llama_server_args(settings: ExtrapolateSettings) -> List[str]:
         raise ValueError(f"profile={settings.profile}: a temperature per layer or per length reaches llama.cpp "
                          "through the C API only; llama-server takes GGUF metadata (one tau, or the log-length "
                          "rule): use `llama-extrapolate serve` without --llama_server for this profile")
+    if settings.checkpoint_path is not None:
+        raise ValueError("checkpoint_path with --llama_server: llama.cpp's server reads a prompt without checkpoints; "
+                         "use `llama-extrapolate serve` without --llama_server to checkpoint long readings")
     args = ["-m", built["model"], "-c", str(built["n_ctx"]), "-np", "1", "-fa", "off",
             "-b", str(settings.n_batch), "-ub", str(min(settings.n_ubatch, settings.n_batch)),
             "--host", settings.host, "--port", str(settings.port)]
