@@ -34,6 +34,25 @@ def read(llm, tokens, step=40):
     return np.array(out)
 
 
+def stop_checkpoints_in_the_fifth_batch(monkeypatch):
+    """A reading's checkpoints stopped as a kill would stop them: the stream's length at each call is recorded, and
+    the fifth raises KeyboardInterrupt after its batch's decode (its blocks in the store), before its save. Returns
+    (the lengths, the real __call__ to put back)."""
+    from llama_extrapolate import reader
+
+    chunks = []
+    checkpoint = reader.Checkpoints.__call__
+
+    def stop_in_the_fifth_batch(self):
+        chunks.append(self.llm.n_tokens)
+        if len(chunks) == 5:
+            raise KeyboardInterrupt
+        checkpoint(self)
+
+    monkeypatch.setattr(reader.Checkpoints, "__call__", stop_in_the_fifth_batch)
+    return chunks, checkpoint
+
+
 @pytest.fixture(scope="module")
 def stream(tiny_llama):
     model, _ = tiny_llama
@@ -263,16 +282,7 @@ def test_a_stopped_reading_goes_on_from_its_checkpoint_and_answers_as_one_that_n
     assert want.strip()
 
     state = tmp_path / "doc.state"
-    chunks = []
-    checkpoint = reader.Checkpoints.__call__
-
-    def stop_in_the_fifth_chunk(self):
-        chunks.append(self.llm.n_tokens)
-        if len(chunks) == 5:
-            raise KeyboardInterrupt  # after the fifth chunk's decode (its blocks are in the store), before its save
-        checkpoint(self)
-
-    monkeypatch.setattr(reader.Checkpoints, "__call__", stop_in_the_fifth_chunk)
+    chunks, checkpoint = stop_checkpoints_in_the_fifth_batch(monkeypatch)
     assert cli.main(base + ["--state", str(state), "--checkpoint-every", "1e-9"]) == 130
     err = capsys.readouterr().err
     assert f"last checkpoint is in {state}" in err
@@ -336,16 +346,7 @@ def test_a_llama_checkpoints_a_long_prompt_and_a_new_one_goes_on_from_it(tmp_pat
     assert want.strip() and 10_000 < n_prompt < 13_000
 
     state = tmp_path / "stream.state"
-    chunks = []
-    checkpoint = reader.Checkpoints.__call__
-
-    def stop_in_the_fifth_batch(self):
-        chunks.append(self.llm.n_tokens)
-        if len(chunks) == 5:
-            raise KeyboardInterrupt  # after the fifth batch's decode (its blocks in the store), before its save
-        checkpoint(self)
-
-    monkeypatch.setattr(reader.Checkpoints, "__call__", stop_in_the_fifth_batch)
+    chunks, checkpoint = stop_checkpoints_in_the_fifth_batch(monkeypatch)
     llm = make(checkpoint_path=str(state), checkpoint_every=1e-9)
     try:
         with pytest.raises(KeyboardInterrupt):

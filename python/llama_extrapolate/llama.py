@@ -277,9 +277,8 @@ class Llama(llama_cpp.Llama):
         path = self._checkpoints.path
         n = reader.state_prefix(self, path, tokens)
         if n is not None and n > self.reusable_prefix(tokens):
-            if reader.load_document_state(self, path, tokens) == n:
+            if reader.load_document_state(self, path, tokens) == n:  # (its reset forgets the held blocks)
                 self._memory_reopened = False
-                self._held_at = None
                 return
             n = None  # refused by the library (its memory file changed): read the prompt
         if n is None and path.is_file():

@@ -172,16 +172,26 @@ def ids_sha256(tokens: Sequence[int]) -> str:
     return hashlib.sha256(np.asarray(list(tokens), dtype="<i4").tobytes()).hexdigest()
 
 
-def state_prefix(llm, path: Path, tokens: Sequence[int]) -> Optional[int]:
-    """The tokens of the state saved at ``path`` when it is valid for ``llm`` (the same model, attention and cache)
-    and holds a prefix of ``tokens``, shorter than them; else None (another document, settings, or no state)."""
+def _state_tokens(llm, path: Path, tokens: Sequence[int]) -> Tuple[int, bool]:
+    """(n, hashed) of the state saved at ``path``: its n tokens when it is valid for ``llm`` (the same model,
+    attention and cache), 0 < n <= len(tokens), and its JSON's hash of the ids (if it has one: ``hashed``) is that of
+    tokens[:n]; else (0, False)."""
     meta = _state_meta(path) if path.is_file() else None
     if meta is None:
-        return None
+        return 0, False
     n = meta.get("tokens")
-    if meta.get("fingerprint") != _state_fingerprint(llm) or not isinstance(n, int) or not 0 < n < len(tokens):
-        return None
-    return n if meta.get("ids_sha256") == ids_sha256(tokens[:n]) else None
+    if meta.get("fingerprint") != _state_fingerprint(llm) or not isinstance(n, int) or not 0 < n <= len(tokens):
+        return 0, False
+    if "ids_sha256" not in meta:
+        return n, False
+    return (n, True) if meta["ids_sha256"] == ids_sha256(tokens[:n]) else (0, False)
+
+
+def state_prefix(llm, path: Path, tokens: Sequence[int]) -> Optional[int]:
+    """The tokens of the state saved at ``path`` when it is valid for ``llm`` and its ids (by their hash) are a
+    prefix of ``tokens``, shorter than them; else None (another document, settings, or no state)."""
+    n, hashed = _state_tokens(llm, path, tokens)
+    return n if hashed and n < len(tokens) else None
 
 
 def remove_state(path: Path) -> None:
@@ -218,14 +228,9 @@ def load_document_state(llm, path: Path, tokens: List[int]) -> int:
     or settings (the caller reads from the start)."""
     from .native import clear_memory, read_state_file
 
-    meta = _state_meta(path) if path.is_file() else None
-    if meta is None:
+    n, _ = _state_tokens(llm, path, tokens)  # another document's is known by its hash without loading it
+    if n == 0:
         return 0
-    n = meta.get("tokens")
-    if meta.get("fingerprint") != _state_fingerprint(llm) or not isinstance(n, int) or not 0 < n <= len(tokens):
-        return 0
-    if "ids_sha256" in meta and meta["ids_sha256"] != ids_sha256(tokens[:n]):
-        return 0  # another document's (known without loading the state)
     llm.reset()
     if read_state_file(llm.ctx, path, n) != list(tokens[:n]):
         llm.reset()
