@@ -120,6 +120,35 @@ def default_model():
 
 
 @pytest.fixture(scope="session")
+def default_model_f32(default_model, tmp_path_factory):
+    """The default model with its weights dequantized to F32, the same tokenizer and metadata. With an F32 cache its
+    logits are exact up to the order of the sums, so a test can tell a wrong attention from rounding: the quantized
+    model turns a one-ulp difference into up to ~0.5 in its logits (a rounding of the activations flips), and does
+    so in upstream llama.cpp too when a token takes another cell."""
+    import gguf
+    import numpy as np
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(str(default_model))
+    path = tmp_path_factory.mktemp("f32") / "default-f32.gguf"
+    writer = gguf.GGUFWriter(str(path), reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
+            continue
+        kind = field.types[0]
+        sub = field.types[1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), kind, sub_type=sub)
+    for tensor in reader.tensors:
+        shape = tuple(int(n) for n in reversed(tensor.shape))
+        writer.add_tensor(tensor.name, dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="session")
 def small_llm(default_model):
     from llama_cpp import Llama
 

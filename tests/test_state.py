@@ -383,7 +383,7 @@ def test_a_restored_lambda_stream_goes_on_in_the_cells_the_saved_one_would(defau
     """A state saved after 1,024 tokens of a W = 512, S = 10 stream (the window has freed cells behind it) and loaded
     into a new context: the next tokens take the cells the saved stream would have taken, and their logits are the
     saved stream's bit for bit (upstream's restore searched from cell 0 and put the next token into the first freed
-    cell; on SmolLM2 that moved the logits by up to 0.37, an open placement dependence noted in the session notes)."""
+    cell; on this 4-bit model that moved the logits by up to 0.37: rounding, the next test shows)."""
     import llama_extrapolate
     from llama_extrapolate import AttentionConfig
     from llama_extrapolate.harness.corpora import paul_graham_essays
@@ -406,20 +406,53 @@ def test_a_restored_lambda_stream_goes_on_in_the_cells_the_saved_one_would(defau
         b.close()
 
 
-@pytest.mark.xfail(strict=True, reason="open: a document-memory stream restored after the window's re-basing goes on "
-                                       "with other logits (the Lambda cache alone restores exactly, above)")
-def test_a_memory_stream_restored_after_a_rebasing_goes_on_exactly(default_model):
-    """The same with the document memory on and the state saved after the window's first re-basing (at 2,048 tokens
-    of a W = 512 stream): the logits of the rest should be the saved stream's. Known to differ (up to ~0.7 on
-    SmolLM2); saved before the re-basing (1,024 tokens) they are equal."""
+def test_the_lambda_attention_does_not_depend_on_the_cell_a_token_takes(default_model_f32):
+    """The same 1,024 tokens of a W = 512, S = 10 stream, then the next token: in one context it takes the ring's next
+    cell, in the other the cell of a stale key removed first (behind the window and the rollback, masked anyway).
+    The Lambda attention is a function of positions, not cells: with F32 weights and cache the logits agree to the
+    order of the sums (7e-6 measured; not bit-equal, so the token did land elsewhere). The quantized default model
+    moved by 0.37 here, as upstream's vanilla attention moves by 0.52 when a token takes another cell: rounding."""
+    import llama_cpp
     import llama_extrapolate
     from llama_extrapolate import AttentionConfig
     from llama_extrapolate.harness.corpora import paul_graham_essays
 
     def make():
-        return llama_extrapolate.Llama(str(default_model), n_ctx=1354, n_batch=512, n_ubatch=512, n_threads=2,
-                                       verbose=False, memory_capacity=8192, attention=AttentionConfig(
-                                           sinks=10, window=512, top_k=5, top_k_scope="question", memory_blocks=64))
+        return llama_extrapolate.Llama(str(default_model_f32), attention=AttentionConfig(sinks=10, window=512),
+                                       n_ctx=1290, n_batch=512, n_ubatch=512, n_threads=2, verbose=False,
+                                       type_k=0, type_v=0)
+
+    a, c = make(), make()
+    try:
+        tokens = a.tokenize(paul_graham_essays()[:12_000].encode())[:1025]
+        a.eval(tokens[:1024])
+        c.eval(tokens[:1024])
+        assert llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(c.ctx), 0, 10, 11)
+        a.eval(tokens[1024:])
+        c.eval(tokens[1024:])
+        diff = np.abs(last_logits(a) - last_logits(c)).max()
+        assert 0 < diff < 1e-4
+    finally:
+        a.close()
+        c.close()
+
+
+def test_a_memory_stream_restored_after_a_rebasing_goes_on_as_the_saved_one(default_model_f32):
+    """The document memory on and the state saved after the window's first re-basing (2,048 tokens of a W = 512
+    stream): the rest of the text, a question with the memory active and two answer tokens give the saved stream's
+    logits (to the order of the sums: the restore compacts the cells) and every memory layer selects the same blocks.
+    F32 weights, cache and store: on the quantized model with a q8_0 store the same run differs by up to 0.6 (1.9
+    after the question), a one-ulp difference amplified by the roundings of the activations and the store."""
+    import llama_cpp
+    import llama_extrapolate
+    from llama_extrapolate import AttentionConfig
+    from llama_extrapolate.harness.corpora import paul_graham_essays
+
+    def make():
+        return llama_extrapolate.Llama(str(default_model_f32), n_ctx=1354, n_batch=512, n_ubatch=512, n_threads=2,
+                                       verbose=False, type_k=0, type_v=0, memory_capacity=8192, memory_type="f32",
+                                       attention=AttentionConfig(sinks=10, window=512, top_k=5,
+                                                                 top_k_scope="question", memory_blocks=64))
 
     a, b = make(), make()
     try:
@@ -430,7 +463,26 @@ def test_a_memory_stream_restored_after_a_rebasing_goes_on_exactly(default_model
         b.load_state(a.save_state())
         a.eval(tokens[2048:])
         b.eval(tokens[2048:])
-        assert np.array_equal(last_logits(a), last_logits(b))
+        assert np.abs(last_logits(a) - last_logits(b)).max() < 1e-4
+        question = a.tokenize(b" What did the author say about painting?", add_bos=False)
+        a.set_top_k_active(True)
+        b.set_top_k_active(True)
+        a.eval(question)
+        b.eval(question)
+        for _ in range(2):
+            la, lb = last_logits(a), last_logits(b)
+            assert np.abs(la - lb).max() < 1e-4
+            a.eval([int(np.argmax(la))])
+            b.eval([int(np.argmax(la))])
+        selected = 0
+        for layer in range(llama_cpp.llama_model_n_layer(a.model)):
+            try:
+                sa, sb = a.memory_selection(layer), b.memory_selection(layer)
+            except ValueError:  # a layer the memory does not keep
+                continue
+            assert np.array_equal(np.sort(sa, axis=-1), np.sort(sb, axis=-1)), layer
+            selected += int((sa >= 0).sum())
+        assert selected > 0
     finally:
         a.close()
         b.close()
