@@ -243,6 +243,20 @@ def f16_summary(keys):
     return c16.astype(np.float64), r16.astype(np.float64)
 
 
+def q8_0_summary(keys):
+    """The same in Q8_0 (heads of a multiple of 32 channels): the center rounded to q8_0, the radius widened by that
+    rounding, raised by one q8_0 step of its block (its largest value / 127) and rounded to q8_0, which keeps it at or
+    above the widened radius (float64 for the products)."""
+    lo, hi = keys.min(0).astype(np.float32), keys.max(0).astype(np.float32)
+    center = np.float32(0.5) * (hi + lo)
+    c8 = q8_0_rounded(center[None, :])[0].astype(np.float32)
+    radius = np.float32(0.5) * (hi - lo) + np.abs(center - c8)
+    step = np.repeat(radius.reshape(-1, 32).max(1) / np.float32(127), 32)
+    r8 = q8_0_rounded((radius + step)[None, :])[0]
+    assert (r8 >= radius).all()
+    return c8.astype(np.float64), r8
+
+
 def neighbour_bound(bound):
     """Reading whole blocks (top_k >= m*B), a block's score is the max of its own bound and its predecessor's
     (patch 0012): the block after a relevant one comes with it."""
@@ -290,21 +304,24 @@ def question_queries(model, tokens, sel=None):
     return out
 
 
-def check_selection(model, tokens, sel, stored, neighbour=False):
+def check_selection(model, tokens, sel, stored, neighbour=False, given=False):
     """The library's blocks against the bound of every block computed in numpy (the oracle's queries at D, the
-    stored keys' F16 summaries), among the blocks hidden from the question's first query."""
-    queries = question_queries(model, tokens)
+    stored keys' summaries as the library keeps them: Q8_0 for heads of a multiple of 32, else F16), among the
+    blocks hidden from the question's first query. given: the queries past layer h0 are the oracle's given the
+    blocks the library selected (the layers before read them), not those of the window alone."""
+    queries = question_queries(model, tokens, sel if given else None)
     n_sel = N_SELECTABLE
+    summary = q8_0_summary if model.head_dim % 32 == 0 else f16_summary
     for il in range(H0, model.n_layer):
         for g in range(model.n_head_kv):
-            bound = [block_bound(queries[(il, g)], stored[(b, il, g)][0]) for b in range(n_sel)]
+            bound = [block_bound(queries[(il, g)], stored[(b, il, g)][0], summary) for b in range(n_sel)]
             assert_top_m(np.asarray(bound), sel[il][g], (il, g), neighbour)
 
 
-def block_bound(qg, k):
+def block_bound(qg, k, summary=None):
     """Quest's bound of a block with keys k for the queries qg: the max over them of q.center + |q|.radius with the
-    F16 summaries the library keeps (checked to still bound q.k after the rounding)."""
-    center, radius = f16_summary(k)
+    summaries the library keeps (checked to still bound q.k after the rounding)."""
+    center, radius = (summary or f16_summary)(k)
     bound = qg @ center + np.abs(qg) @ radius
     assert (bound[:, None] >= qg @ k.T.astype(np.float64) - 1e-9).all()
     return bound.max()
@@ -415,6 +432,31 @@ def q8_0_rounded(x):
     inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
     q = np.round(blocks * inv)
     return (q * d.astype(np.float16).astype(np.float32)).reshape(np.shape(x)).astype(np.float64)
+
+
+def test_heads_of_32_channels_select_by_q8_0_summaries(tmp_path):
+    """A head of 32 channels keeps its blocks' summaries in Q8_0 (half the RAM of F16: 0.51 GB at Llama-2-7B's
+    shapes and 128k tokens against 0.96): the bound selects the top m of the bounds numpy computes from Q8_0 summaries
+    of the stored keys, and they still bound every q.k of their blocks (block_bound checks it); the summaries take
+    the RAM of Q8_0 rows."""
+    from tinymodel import TinyLlama
+
+    model = TinyLlama(n_embd=128, n_layer=4)  # head size 32: one q8_0 block
+    model.make_weights()
+    path = model.write(tmp_path / "tiny-hd32.gguf")
+    tokens = random_tokens(model, N_TOKENS, seed=2)
+    llm = make_llm(path, memory_config())
+    try:
+        ram = llm.memory_info()["bytes_in_ram"]
+        read_and_ask(llm, tokens)
+        sel = selection(llm, model)
+        stored = stored_blocks(llm, model, llm.memory_info()["n_blocks"])
+    finally:
+        llm.close()
+    n_stored, cap, row = model.n_layer - H0, 512 // B, model.n_head_kv * model.head_dim
+    pending = 2 * n_stored * B * row * 4  # the block being filled, in F32
+    assert ram == 2 * n_stored * cap * row * 34 // 32 + pending
+    check_selection(model, tokens, sel, stored, given=True)
 
 
 @pytest.mark.parametrize("memory_type", ["f16", "q8_0"])
