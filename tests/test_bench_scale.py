@@ -94,14 +94,14 @@ def test_a_kept_reading_is_reused_for_the_questions(shape_model, tmp_path, monke
 
 def test_the_shape_models_memory_is_stored_by_its_key_head_not_its_residual_width(shape_model):
     """The shape model's residual stream over its heads is 256 / 32 = 8 values, its key heads 128 (attention.key_length):
-    the memory's default type follows the key head (q8_0), as it would on the real model."""
+    the memory's default type follows the key head (q4_0), as it would on the real model."""
     import llama_extrapolate as le
     from llama_extrapolate.options import memory_type_for
 
     path, shape = shape_model
     info = le.read_model_info(str(path))
     assert info.key_length == shape.head_dim == 128 and info.embedding_length // info.head_count == 8
-    assert memory_type_for(info) == "q8_0"
+    assert memory_type_for(info) == "q4_0"
 
 
 def test_resume_kills_a_checkpointed_reading_and_records_the_rerun(shape_model, tmp_path, monkeypatch):

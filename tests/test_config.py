@@ -178,9 +178,10 @@ def test_memory_configurations_name_their_blocks(info, capsys):
     c16 = 16 * MEMORY_CANDIDATES_PER_BLOCK
     assert memory_config_name("lambda+memory:m=16:passages") == f"lambda+memory:m=16:c={c16}:passages"
     assert memory_config_name("lambda+memory:passages:layer").endswith(":passages:layer")
-    # ":q4_0": the store's type, passed to Llama (the library's choice for the model when left out)
+    # ":q4_0": the store's type, passed to Llama; left out, the q8_0 store such names ran with (not the library's
+    # default, q4_0, which Llama takes when not told)
     assert setup_for("lambda+memory:m=16:q4_0", info, 20_000, 512).llama_kwargs()["memory_type"] == "q4_0"
-    assert "memory_type" not in base.llama_kwargs()
+    assert base.llama_kwargs()["memory_type"] == "q8_0"
     kv = layer.attention.resolve(info).kv_overrides("llama")
     assert kv["llama.attention.lambda.memory_per_layer"] is True
     assert base.attention.resolve(info).kv_overrides("llama")["llama.attention.lambda.memory_per_layer"] is False

@@ -158,8 +158,8 @@ SHARED = ["lambda+memory:m=2:c=0", "lambda+memory:m=2:c=0:passages", "lambda"]
 
 @pytest.fixture(scope="module")
 def tiny_wide(tmp_path_factory):
-    """The tiny llama with heads of 32 values: the memory's default q8_0 store takes them (16 do not split into
-    its blocks), so the benchmark's configurations run unchanged."""
+    """The tiny llama with heads of 32 values: the q8_0 store of a configuration name without a type takes them (16
+    do not split into its blocks), so the benchmark's configurations run unchanged."""
     from tinymodel import TinyLlama
 
     model = TinyLlama(n_embd=128)

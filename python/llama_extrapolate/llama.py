@@ -20,7 +20,7 @@ import numpy as np
 
 from . import logs, native
 from .config import AttentionConfig, ResolvedAttention, Temperature
-from .options import DEFAULT_CHECKPOINT_SECONDS
+from .options import DEFAULT_CHECKPOINT_SECONDS, memory_type_for
 from .native import context_address
 from .history import TokenHistory
 from .model_info import InvalidModelError, knob_support, read_model_info
@@ -63,7 +63,7 @@ class Llama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *args: Any, attention: Optional[AttentionConfig] = None,
                  memory_path: Optional[str] = None, memory_dir: Optional[str] = None, memory_keep: bool = False,
-                 memory_type: str = "q8_0", memory_capacity: Optional[int] = None, memory_reopen: bool = False,
+                 memory_type: Optional[str] = None, memory_capacity: Optional[int] = None, memory_reopen: bool = False,
                  question_tokens: Optional[int] = None, memory_answer: str = "select",
                  checkpoint_path: Optional[str] = None, checkpoint_every: float = DEFAULT_CHECKPOINT_SECONDS,
                  **kwargs: Any) -> None:
@@ -145,6 +145,8 @@ class Llama(llama_cpp.Llama):
             raise RuntimeError(f"the library was loaded with {loaded}, not with {expected}: the overrides did not apply")
         # per-layer / per-head values and points (metadata carries only one number) go through the C API
         self._apply_temperature(expected)
+        if memory_type is None:
+            memory_type = memory_type_for(self.model_info)
         if checkpoint_path is not None:
             memory_path, memory_keep, memory_reopen = self._checkpoint_to(
                 checkpoint_path, checkpoint_every, memory_path, memory_keep, memory_reopen, memory_type)
@@ -239,7 +241,7 @@ class Llama(llama_cpp.Llama):
         self.memory_file = path if keep else None  # a file that outlives the context, referenced by its states
 
     def _checkpoint_to(self, path: str, every: float, memory_path: Optional[str], memory_keep: bool,
-                       memory_reopen: bool, memory_type: str) -> tuple:
+                       memory_reopen: bool, memory_type: Optional[str]) -> tuple:
         """Checkpoint the reading of long prompts to ``path`` every ``every`` seconds, so that a process stopped
         in the middle of a reading of hours (a server restarted, a laptop shut) goes on from the last checkpoint
         when the same prompt comes back. The memory's blocks go to a kept file beside it (``path``.memory unless

@@ -29,7 +29,8 @@ PROFILE_CONFIG_PREFIX = "profile="
 MEMORY_LAYER_SUFFIX = ":layer"
 # before ":layer": the question reads every key of the selected blocks in the order of the text (top_k = m * B)
 MEMORY_PASSAGES_SUFFIX = ":passages"
-# after ":c=C": the store's type (":q4_0"), the model's default when left out (options.memory_type_for)
+# after ":c=C": the store's type (":q4_0"); left out, q8_0 (options.NAMED_CONFIG_STORE: what the results stored under
+# such names ran with, not the library's default), f16 for heads not a multiple of 32
 MEMORY_STORE_TYPES = ("q8_0", "q4_0", "f16", "f32")
 # last of all: the answer attends to the blocks its question selected (Llama.memory_hold) instead of selecting anew
 # at every answer token
@@ -51,7 +52,7 @@ class NamedConfig:
     memory_selection: str = "head"
     passages: bool = False
     hold: bool = False
-    memory_type: Optional[str] = None  # the store's type; None: the library's choice for the model
+    memory_type: Optional[str] = None  # the store's type; None: options.NAMED_CONFIG_STORE
 
     def __post_init__(self) -> None:
         known = (*BASELINES, TOP_K_CONFIG, MEMORY_CONFIG, "profile")

@@ -90,7 +90,7 @@ def _specs() -> Dict[str, OptionSpec]:
                    "an answer token then costs what those blocks cost, whatever the document's length) or blocks "
                    "each answer token selects anew (select: a scan of the candidates at every token)",
                    choices=MEMORY_ANSWER_MODES),
-        OptionSpec("memory_type", str, "how the memory stores keys and values (default q8_0, f16 for heads not "
+        OptionSpec("memory_type", str, "how the memory stores keys and values (default q4_0, f16 for heads not "
                                        "a multiple of 32)", choices=MEMORY_TYPE_CHOICES),
         OptionSpec("profile", str, "calibration profile: softmax temperature schedule tau(p)"),
         OptionSpec("profile_mode", str, "which of the profile's fits", choices=PROFILE_MODE_CHOICES,
@@ -111,15 +111,25 @@ def model_path(model: Optional[str]) -> str:
     return registry_path(model) if model is not None else str(default_model_path())
 
 
-def memory_type_for(info: "ModelInfo") -> str:
-    """How the memory stores keys and values when not told: q8_0 quantizes 32 values at a time, so a head of
+# the document memory's store when not told, for heads of a multiple of 32 values: q4_0 takes 18 bytes per 32 values
+# where q8_0 takes 34 (Llama-2-7B's shapes at 128k tokens: 16.4 GB against 30.8) and halves the keys the question's
+# rerank reads, and kept the retrieval of the q8_0 store (Qwen2.5-Coder's needle at 16k, 32k and 64k, SmolLM2's
+# passkey at 16k and 32k: docs/results.md)
+DEFAULT_MEMORY_STORE = "q4_0"
+# what a configuration name without a store type runs with (lambda+memory:m=64:c=1024): the q8_0 store the stored
+# results under such names were measured with, so that a name keeps meaning what it measured
+NAMED_CONFIG_STORE = "q8_0"
+
+
+def memory_type_for(info: "ModelInfo", quantized: str = DEFAULT_MEMORY_STORE) -> str:
+    """How the memory stores keys and values when not told: ``quantized`` takes 32 values at a time, so a head of
     another size is stored in f16. The head is the key head (attention.key_length where the file states it, as
     Gemma 3's and the KV-shape models' do), not the residual stream's width over the heads."""
     head = info.key_length
     if head is None:
         n_head = info.head_count if isinstance(info.head_count, int) else max(info.head_count)
         head = int(info.embedding_length or 0) // max(1, int(n_head or 1))
-    return "q8_0" if head % 32 == 0 else "f16"
+    return quantized if head % 32 == 0 else "f16"
 
 
 @dataclass(frozen=True)

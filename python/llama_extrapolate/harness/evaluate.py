@@ -188,7 +188,7 @@ class MemorySettings(NamedTuple):
     selection: str = "head"  # see config.MEMORY_SELECTIONS
     passages: bool = False  # every key of the selected blocks, in the order of the text
     hold: bool = False  # the answer attends to the blocks its question selected
-    memory_type: Optional[str] = None  # the store's type (None: the library's choice for the model)
+    memory_type: Optional[str] = None  # the store's type (None: NAMED_CONFIG_STORE, f16 for odd heads)
 
 
 def memory_config_name(name: str) -> str:
@@ -224,7 +224,7 @@ class EvalSetup:
     n_ctx: int
     context_shift: Optional[int] = None
     memory_capacity: Optional[int] = None  # tokens the document memory is opened for
-    memory_type: Optional[str] = None  # the store's type, when the name gives one
+    memory_type: Optional[str] = None  # the store's type: the name's, else options.NAMED_CONFIG_STORE
 
     def llama_kwargs(self) -> dict:
         """What ``Llama`` needs besides the attention and n_ctx (the document memory's capacity and store type)."""
@@ -261,6 +261,7 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
     from dataclasses import replace
 
     from ..config import DEFAULT_TOP_K_LAYER, AttentionConfig, memory_question_top_k
+    from ..options import NAMED_CONFIG_STORE, memory_type_for
 
     l_pre = int(info.context_length)
     full = n_tokens + n_batch
@@ -297,7 +298,8 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
                       memory_candidates=memory.candidates, memory_selection=memory.selection,
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, cfg.resolve(info).required_n_ctx(n_batch, stream=n_tokens),
-                         memory_capacity=n_tokens + n_batch, memory_type=memory.memory_type)
+                         memory_capacity=n_tokens + n_batch,
+                         memory_type=memory.memory_type or memory_type_for(info, NAMED_CONFIG_STORE))
     elif name == "log-length":
         return EvalSetup(name, AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="log-length"), full)
     else:
