@@ -681,6 +681,66 @@ def _nll_range(d: dict, config: str, lo: int, hi: int) -> float:
     return range_mean(d["configs"][config]["buckets"], lo, hi)
 
 
+RULER_ORDER = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+               "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "qa_1", "qa_2")
+
+
+def table_ruler(r: Path) -> str:
+    """RULER by model, length and configuration: each task's score (percent, mean over its samples), their mean,
+    the reading's tokens per second and the first answer token's seconds (means over the trials)."""
+    rows, tasks = [], []
+    files = sorted(r.glob("ruler-*.json"))
+    for path in files:
+        d = json.loads(path.read_text())
+        tasks += [t for t in RULER_ORDER if t in d["scores"] and t not in tasks]
+    for path in files:
+        d = json.loads(path.read_text())
+        by = {}
+        for t in d["trials"]:
+            by.setdefault((int(t["length"]), t["config"]), []).append(t)
+        for (length, config), trials in sorted(by.items()):
+            per_task = {task: [t["score"] for t in trials if t["task"] == task] for task in tasks}
+            cells = [f(np.mean(v), 0) if v else DASH for v in per_task.values()]
+            done = [np.mean(v) for v in per_task.values() if v]
+            rate = [t["read_tokens_per_second"] for t in trials if "read_tokens_per_second" in t]
+            rows.append([d["model"].removesuffix(".gguf") + (" (chat)" if d.get("chat") else ""), k(length),
+                         f"`{config}`", *cells, f(np.mean(done), 1), f(np.mean(rate), 0) if rate else DASH,
+                         f(np.mean([t["first_token_seconds"] for t in trials]), 2),
+                         str(min(len(v) for v in per_task.values() if v))])
+    return md(["model", "length", "configuration", *tasks, "mean", "reading tok/s", "first token s", "samples"],
+              rows)
+
+
+RULER_FAMILIES = (("needles", "niah_"), ("aggregation", ("vt", "cwe")), ("QA", "qa_"))
+
+
+def ruler_status(r: Path, link) -> str:
+    """README's RULER line: at the longest length run, each task family's score (mean over its tasks) under the
+    memory, full attention where it ran and Λ alone."""
+    d = load("ruler-qwen2.5-coder-0.5b.json", r)
+    length = max(int(t["length"]) for t in d["trials"])
+    trials = [t for t in d["trials"] if int(t["length"]) == length]
+    names = [("memory", next(c for c in dict.fromkeys(t["config"] for t in trials) if c.startswith("lambda+memory"))),
+             ("full attention", "vanilla"), ("Λ alone", "lambda")]
+    parts = []
+    for family, match in RULER_FAMILIES:
+        scores = []
+        for _, config in names:
+            per_task: Dict[str, List[float]] = {}
+            for t in trials:
+                if t["config"] == config and (t["task"].startswith(match) if isinstance(match, str)
+                                              else t["task"] in match):
+                    per_task.setdefault(t["task"], []).append(t["score"])
+            scores.append(f(np.mean([np.mean(v) for v in per_task.values()]), 0) if per_task else DASH)
+        parts.append(f"{family} {' / '.join(scores)}")
+    samples = min(sum(1 for t in trials if t["config"] == names[0][1] and t["task"] == task)
+                  for task in {t["task"] for t in trials})
+    full_cwe = [t["score"] for t in trials if t["config"] == "vanilla" and t["task"] == "cwe"]
+    caveat = "; the model finds no common words with full attention either" if full_cwe and max(full_cwe) == 0 else ""
+    return (f"at {k(length)}, memory / full attention / Λ alone: " + link("; ".join(parts), "ruler")
+            + f" ({samples} samples a task{caveat})")
+
+
 def table_status(r: Path) -> str:
     """README's status table: one line a capability; every figure computed here from the JSON and linked to the
     section of docs/results.md that holds its table (a figure measured with other settings than today's defaults
@@ -761,8 +821,11 @@ def table_status(r: Path) -> str:
                 + " on both trees" if up["same_pass_list"] else "pass lists differ: see "
                 + link("the list", "llamacpps-own-tests"))
 
+    ruler = ruler_status(r, link)
+
     rows = [
         ["Questions about any part of a long document (document memory, on by default)", memory],
+        ["RULER (Qwen2.5-Coder-0.5B, chat; W = 1024)", ruler],
         ["Memory cost of the document memory (defaults, W = 8192)", memory_cost],
         ["The document memory at Llama-2-7B's KV shapes (32 layers of 32 × 128; W = 1024, 2 cores)", at_7b],
         ["Stable NLL past the training length (Λ mask + distance ceiling)", stable],
@@ -820,6 +883,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-resume": table_memory_resume,
     "sizing": table_sizing,
     "server-ttft": table_server_ttft,
+    "ruler": table_ruler,
     "status": table_status,
 }
 
@@ -833,6 +897,7 @@ AREAS: Dict[str, List[str]] = {
                "memory-needle-blocks", "memory-needle-selection", "memory-rss-phases", "memory-cost", "memory-step",
                "memory-scale", "memory-resume"],
     "server": ["server-ttft"],
+    "ruler": ["ruler"],
     "readme": ["status", "sizing"],
 }
 
