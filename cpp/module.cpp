@@ -232,6 +232,15 @@ void memory_set_hold(std::uintptr_t ctx_address, int mode) {
     }
 }
 
+void memory_set_question(std::uintptr_t ctx_address, uint32_t candidates, uint32_t select_tokens) {
+    char err[1024] = {0};
+    const int32_t rc = llama_ext_memory_set_question(mutable_context_from_address(ctx_address), candidates,
+                                                     select_tokens, err, sizeof(err));
+    if (rc != 0) {
+        throw py::value_error(std::string("document memory: ") + err);
+    }
+}
+
 py::dict memory_info(std::uintptr_t ctx_address) {
     llama_ext_memory_info info{};
     check_status(llama_ext_memory_get_info(context_from_address(ctx_address), &info), "llama_ext_memory_get_info");
@@ -247,6 +256,8 @@ py::dict memory_info(std::uintptr_t ctx_address) {
     d["n_kv"]          = info.n_kv;
     d["head_dim"]      = info.head_dim;
     d["type"]          = info.type;
+    d["n_candidates"]    = info.n_candidates;
+    d["n_select_tokens"] = info.n_select_tokens;
     return d;
 }
 
@@ -469,6 +480,9 @@ PYBIND11_MODULE(_core, m) {
     m.def("memory_info", &memory_info, py::arg("ctx_address"), "tokens, blocks and bytes of the document memory");
     m.def("memory_set_hold", &memory_set_hold, py::arg("ctx_address"), py::arg("mode"),
           "what the next decodes do with their blocks: 0 select, 1 select and keep them in RAM, 2 hold the kept ones");
+    m.def("memory_set_question", &memory_set_question, py::arg("ctx_address"), py::arg("candidates"),
+          py::arg("select_tokens"), "how the next selecting decodes select: candidates reranked (0: the bound "
+          "alone) and the last tokens whose queries select (0: all)");
     m.def("memory_selection", &memory_selection, py::arg("ctx_address"), py::arg("layer"),
           "[n_kv, m] blocks each KV head of the layer selected in the last decode");
     m.def("memory_read_block", &memory_read_block, py::arg("ctx_address"), py::arg("block"), py::arg("layer"),

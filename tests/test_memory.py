@@ -434,17 +434,23 @@ def q8_0_rounded(x):
     return (q * d.astype(np.float16).astype(np.float32)).reshape(np.shape(x)).astype(np.float64)
 
 
-def test_heads_of_32_channels_select_by_q8_0_summaries(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_hd32(tmp_path_factory):
+    """(model, its GGUF, a stream) of the tiny model with heads of 32 channels: one q8_0 block a head."""
+    from tinymodel import TinyLlama
+
+    model = TinyLlama(n_embd=128, n_layer=4)
+    model.make_weights()
+    path = model.write(tmp_path_factory.mktemp("hd32") / "tiny-hd32.gguf")
+    return model, path, random_tokens(model, N_TOKENS, seed=2)
+
+
+def test_heads_of_32_channels_select_by_q8_0_summaries(tiny_hd32):
     """A head of 32 channels keeps its blocks' summaries in Q8_0 (half the RAM of F16: 0.51 GB at Llama-2-7B's
     shapes and 128k tokens against 0.96): the bound selects the top m of the bounds numpy computes from Q8_0 summaries
     of the stored keys, and they still bound every q.k of their blocks (block_bound checks it); the summaries take
     the RAM of Q8_0 rows."""
-    from tinymodel import TinyLlama
-
-    model = TinyLlama(n_embd=128, n_layer=4)  # head size 32: one q8_0 block
-    model.make_weights()
-    path = model.write(tmp_path / "tiny-hd32.gguf")
-    tokens = random_tokens(model, N_TOKENS, seed=2)
+    model, path, tokens = tiny_hd32
     llm = make_llm(path, memory_config())
     try:
         ram = llm.memory_info()["bytes_in_ram"]
@@ -460,7 +466,7 @@ def test_heads_of_32_channels_select_by_q8_0_summaries(tmp_path):
 
 
 @pytest.mark.parametrize("memory_type", ["f16", "q8_0"])
-def test_candidates_are_reranked_in_the_stores_type(tmp_path, memory_type):
+def test_candidates_are_reranked_in_the_stores_type(tiny_hd32, memory_type):
     """Patch 0012: the candidates' keys enter the rerank's product as stored, and the queries are rounded to the
     product's type once (F16 for an F16 store; q8_0 for a q8_0 store, head size 32 here: one q8_0 block). The
     selection is numpy's top m of the same rounded products over the same candidates, in every layer >= h0 (the
@@ -468,12 +474,7 @@ def test_candidates_are_reranked_in_the_stores_type(tmp_path, memory_type):
     rounded). Where a query lies on a q8_0 rounding boundary numpy and ggml may round it a step apart, so a KV head
     is compared where its m-th and (m+1)-th scores are further apart than such a step (all six are here; one may
     be left out)."""
-    from tinymodel import TinyLlama
-
-    model = TinyLlama(n_embd=128, n_layer=4)
-    model.make_weights()
-    path = model.write(tmp_path / "tiny-hd32.gguf")
-    tokens = random_tokens(model, N_TOKENS, seed=2)
+    model, path, tokens = tiny_hd32
     candidates = 4
     llm = make_llm(path, memory_config(memory_candidates=candidates), memory_type=memory_type)
     _, sel, stored = ask_and_close(llm, model, tokens, N_SELECTABLE)
@@ -640,6 +641,78 @@ def test_library_refuses_bad_memory_metadata_without_crashing(tiny, overrides):
     base = {"llama.attention.lambda.window": W, "llama.attention.lambda.top_k": K}
     with pytest.raises(ValueError, match="Failed to load model"):
         llama_cpp.Llama(str(path), n_ctx=256, verbose=False, kv_overrides={**base, **overrides})
+
+
+def ask_twice(llm, model, tokens, first: dict, second: dict):
+    """Read and ask with the question settings ``first``, then read and ask again with ``second`` on the same
+    context (a graph built for the first question is reusable for the second unless the settings are compared):
+    (the second's logits, its selection)."""
+    out = None
+    for settings in (first, second):
+        llm.reset()
+        llm.set_top_k_active(False)
+        llm.set_memory_question(**settings)
+        out = read_and_ask(llm, tokens)
+    return out, selection(llm, model)
+
+
+def test_a_questions_candidates_and_selecting_tokens_are_set_between_decodes(tiny):
+    """Llama.set_memory_question (patch 0012): a model loaded with c = 8 and asked with c = 4, after a question with
+    8 on the same context, selects and answers exactly as one loaded with 4 (the graph is sized for 8, and the
+    first question's graph is not reused); with select_tokens = T the bound and the rerank take the queries of the
+    question's last T tokens only: numpy's rerank over those queries picks the library's blocks, and at least one
+    KV head selects otherwise than with every query."""
+    model, path, tokens = tiny
+    want, want_sel, _ = ask_and_close(make_llm(path, memory_config(memory_candidates=4)), model, tokens, 0)
+    llm = make_llm(path, memory_config(memory_candidates=8))
+    try:
+        assert (llm.memory_info()["n_candidates"], llm.memory_info()["n_select_tokens"]) == (8, 0)
+        got, sel = ask_twice(llm, model, tokens, {"candidates": 8}, {"candidates": 4})
+        assert llm.memory_info()["n_candidates"] == 4
+        np.testing.assert_array_equal(got, want)
+        assert all((sel[il] == want_sel[il]).all() for il in sel)
+
+        last = 8
+        _, all_sel = ask_twice(llm, model, tokens, {"candidates": 8, "select_tokens": last},
+                               {"candidates": 8, "select_tokens": 0})
+        _, last_sel = ask_twice(llm, model, tokens, {"select_tokens": 0}, {"select_tokens": last})
+        assert llm.memory_info()["n_select_tokens"] == last
+        stored = stored_blocks(llm, model, N_SELECTABLE)
+    finally:
+        llm.close()
+    group = model.n_head // model.n_head_kv
+    queries = question_queries(model, tokens, last_sel)
+    for (il, g), qg in queries.items():
+        _, score = reranked(qg[-last * group:], [stored[(b, il, g)][0] for b in range(N_SELECTABLE)], 8)
+        assert_top_m(score, last_sel[il][g], (il, g))
+    assert any(set(last_sel[il][g]) != set(all_sel[il][g]) for il in last_sel for g in range(model.n_head_kv)), \
+        "the question's last tokens select as all of them do here: pick another T"
+
+
+def test_bad_question_settings_are_named(tiny):
+    _, path, _ = tiny
+    llm = make_llm(path, memory_config(memory_candidates=8))
+    try:
+        with pytest.raises(ValueError, match="candidates 16: the model was loaded with 8 .* at least 16"):
+            llm.set_memory_question(candidates=16)
+        with pytest.raises(ValueError, match=f"candidates {M} must exceed the blocks selected, m = {M}"):
+            llm.set_memory_question(candidates=M)
+        for bad in (-1, 2.5, True):
+            with pytest.raises(ValueError, match="select_tokens="):
+                llm.set_memory_question(select_tokens=bad)
+        assert (llm.memory_info()["n_candidates"], llm.memory_info()["n_select_tokens"]) == (8, 0)
+        llm.set_memory_question(candidates=0)  # the bound alone
+        assert llm.memory_info()["n_candidates"] == 0
+    finally:
+        llm.close()
+    from llama_extrapolate import AttentionConfig
+
+    plain = tiny_llm(path, AttentionConfig(sinks=S, window=W, ceiling=C))
+    try:
+        with pytest.raises(ValueError, match="without the document memory"):
+            plain.set_memory_question(candidates=4)
+    finally:
+        plain.close()
 
 
 def test_bad_store_settings_are_named(tiny, tmp_path):
@@ -1015,7 +1088,7 @@ def test_hold_modes_are_checked(tiny):
         plain.close()
 
 
-def test_a_quantized_store_keeps_its_region_in_q8_0(tmp_path):
+def test_a_quantized_store_keeps_its_region_in_q8_0(tiny_hd32):
     """With a q8_0 store the kept region is q8_0 too (34 bytes per 32 values: a Llama-2-7B region of 64 blocks of 64
     in 27 layers takes 0.96 GB where F16 took 1.8) and enters the products as it is (no F32 copy at every answer
     step; the queries round to q8_0, as llama.cpp's attention rounds them over a q8_0 K cache); a ubatch that
@@ -1024,12 +1097,7 @@ def test_a_quantized_store_keeps_its_region_in_q8_0(tmp_path):
     that selects reads the same blocks a hold keeps. Against F32 everywhere, the held q8_0 region's logits stay within
     half again the error of selecting from an F16 store into an F16 cache (the precision of the defaults; this random
     model magnifies rounding: a q8_0 K cache alone moves its logits by 10%)."""
-    from tinymodel import TinyLlama
-
-    model = TinyLlama(n_embd=128, n_layer=4)  # head size 32: one q8_0 block
-    model.make_weights()
-    path = model.write(tmp_path / "tiny-hd32.gguf")
-    tokens = random_tokens(model, N_TOKENS, seed=2)
+    model, path, tokens = tiny_hd32
     m = 8  # six blocks are selectable for the question at 250, seven from position 259 on
     q_end = QUESTION + 2
     runs = {}

@@ -325,6 +325,30 @@ class Llama(llama_cpp.Llama):
         the attention over the kept blocks costs, whatever the document's length."""
         native.memory_set_hold(self._attention_context("memory_hold"), mode)
 
+    def set_memory_question(self, candidates: Optional[int] = None, select_tokens: Optional[int] = None) -> None:
+        """How the next questions select their blocks, between decodes (a reading is the same whatever they are,
+        so one reading can be asked in several ways): ``candidates`` reranked per KV head by their exact q.k (0:
+        the bound alone; more than memory_blocks and at most the memory_candidates the model was loaded with, which
+        sizes the graph) and ``select_tokens``, the question's last tokens whose queries select (0: all; fewer
+        costs less: a 128-token question's rerank at 128k tokens is products of every query with every candidate
+        key). None keeps the current value. Read back from the library."""
+        for name, value in (("candidates", candidates), ("select_tokens", select_tokens)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
+                raise ValueError(f"set_memory_question: {name}={value!r}: give a whole number >= 0 (0: "
+                                 f"{'the bound alone selects' if name == 'candidates' else 'every token selects'})")
+        if not self.attention_resolved.memory:
+            raise ValueError("set_memory_question: this model was loaded without the document memory "
+                             "(memory_blocks=0)")
+        ctx = self._attention_context("set_memory_question")
+        now = native.memory_info(ctx)
+        want = (now["n_candidates"] if candidates is None else int(candidates),
+                now["n_select_tokens"] if select_tokens is None else int(select_tokens))
+        native.memory_set_question(ctx, *want)
+        got = native.memory_info(ctx)
+        if (got["n_candidates"], got["n_select_tokens"]) != want:
+            raise RuntimeError(f"set_memory_question: asked candidates={want[0]}, select_tokens={want[1]}; the "
+                               f"library holds {got['n_candidates']}, {got['n_select_tokens']}")
+
     def memory_selection(self, layer: int) -> np.ndarray:
         """[n_kv, m] blocks each KV head of ``layer`` selected in the last decode."""
         ctx = self._attention_context("memory_selection")

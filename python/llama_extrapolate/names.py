@@ -1,8 +1,9 @@
 """Named configurations: the names evaluations, plots, tables and benchmarks store results under.
 
 A name is a small language: a baseline ("lambda", "vanilla", ...), "lambda+top-k", "profile=PATH", or a document
-memory "lambda+memory[:m=N[:c=C]][:STORE][:passages][:layer][:hold]" (STORE: the store's type, q4_0, q8_0, f16 or
-f32; the library's choice for the model when left out). ``NamedConfig.parse`` reads one (and names a malformed
+memory "lambda+memory[:m=N[:c=C]][:last=T][:STORE][:passages][:layer][:hold]" (T: the question's last tokens
+whose queries select, all when left out; STORE: the store's type, q4_0, q8_0, f16 or f32; the library's choice for
+the model when left out). ``NamedConfig.parse`` reads one (and names a malformed
 part), ``.name`` gives the canonical spelling results are stored under (the memory's m and c always written, since
 the defaults have changed over time), ``.label()`` the human label of tables and plots.
 
@@ -32,6 +33,8 @@ MEMORY_PASSAGES_SUFFIX = ":passages"
 # after ":c=C": the store's type (":q4_0"); left out, q8_0 (options.NAMED_CONFIG_STORE: what the results stored under
 # such names ran with, not the library's default), f16 for heads not a multiple of 32
 MEMORY_STORE_TYPES = ("q8_0", "q4_0", "f16", "f32")
+# after ":c=C": only the question's last T tokens' queries select its blocks (Llama.set_memory_question)
+MEMORY_LAST_PREFIX = ":last="
 # last of all: the answer attends to the blocks its question selected (Llama.memory_hold) instead of selecting anew
 # at every answer token
 MEMORY_HOLD_SUFFIX = ":hold"
@@ -53,6 +56,7 @@ class NamedConfig:
     passages: bool = False
     hold: bool = False
     memory_type: Optional[str] = None  # the store's type; None: options.NAMED_CONFIG_STORE
+    select_tokens: int = 0  # the question's last tokens whose queries select (0: all)
 
     def __post_init__(self) -> None:
         known = (*BASELINES, TOP_K_CONFIG, MEMORY_CONFIG, "profile")
@@ -66,9 +70,13 @@ class NamedConfig:
         if memory != (self.memory_blocks is not None) or memory != (self.memory_candidates is not None):
             raise ValueError(f"configuration {self.base!r}: memory_blocks and memory_candidates are given for "
                              f"{MEMORY_CONFIG} and only for it")
-        if not memory and (self.passages or self.memory_selection != "head" or self.hold or self.memory_type):
-            raise ValueError(f"configuration {self.base!r}: passages, memory_selection, hold and the store's type "
-                             f"need {MEMORY_CONFIG}")
+        if not memory and (self.passages or self.memory_selection != "head" or self.hold or self.memory_type
+                           or self.select_tokens):
+            raise ValueError(f"configuration {self.base!r}: passages, memory_selection, hold, last and the store's "
+                             f"type need {MEMORY_CONFIG}")
+        if isinstance(self.select_tokens, bool) or not isinstance(self.select_tokens, int) or self.select_tokens < 0:
+            raise ValueError(f"configuration {self.base!r}: last={self.select_tokens!r}: give a whole number >= 1 "
+                             f"(or leave it out: every token of the question selects)")
         if self.memory_type is not None and self.memory_type not in MEMORY_STORE_TYPES:
             raise ValueError(f"configuration {self.base!r}: store type {self.memory_type!r}: use one of "
                              f"{', '.join(MEMORY_STORE_TYPES)}")
@@ -114,15 +122,22 @@ class NamedConfig:
         memory_type = next((t for t in MEMORY_STORE_TYPES if rest.endswith(":" + t)), None)
         if memory_type is not None:
             rest = rest[:-len(memory_type) - 1]
+        last = 0
+        head, sep, last_text = rest.rpartition(MEMORY_LAST_PREFIX)
+        if sep:
+            if not last_text.isdigit() or int(last_text) < 1:
+                raise ValueError(f"configuration {whole!r}: last must be a whole number >= 1, as in "
+                                 f"{MEMORY_CONFIG}{MEMORY_LAST_PREFIX}32")
+            rest, last = head, int(last_text)
         if rest == MEMORY_CONFIG:
             from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
 
             m, c = DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS
             return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
-                       passages=passages, hold=hold, memory_type=memory_type)
+                       passages=passages, hold=hold, memory_type=memory_type, select_tokens=last)
         prefix = MEMORY_CONFIG + ":m="
         if not rest.startswith(prefix):
-            raise ValueError(f"configuration {whole!r}: spell a memory as {MEMORY_CONFIG}[:m=N[:c=C]][:q4_0]"
+            raise ValueError(f"configuration {whole!r}: spell a memory as {MEMORY_CONFIG}[:m=N[:c=C]][:last=T][:q4_0]"
                              f"[:passages][:layer][:hold], e.g. {prefix}64")
         m_text, _, c_text = rest[len(prefix):].partition(":c=")
         if not m_text.isdigit() or int(m_text) < 1:
@@ -141,7 +156,7 @@ class NamedConfig:
                                  f"as in {prefix}{m}:c={MEMORY_CANDIDATES_PER_BLOCK * m}")
             c = MEMORY_CANDIDATES_PER_BLOCK * m
         return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
-                   passages=passages, hold=hold, memory_type=memory_type)
+                   passages=passages, hold=hold, memory_type=memory_type, select_tokens=last)
 
     @property
     def name(self) -> str:
@@ -151,6 +166,7 @@ class NamedConfig:
         if not self.is_memory:
             return self.base
         return (f"{MEMORY_CONFIG}:m={self.memory_blocks}:c={self.memory_candidates}"
+                + (f"{MEMORY_LAST_PREFIX}{self.select_tokens}" if self.select_tokens else "")
                 + (f":{self.memory_type}" if self.memory_type else "")
                 + (MEMORY_PASSAGES_SUFFIX if self.passages else "")
                 + (MEMORY_LAYER_SUFFIX if self.memory_selection == "layer" else "")
@@ -168,4 +184,5 @@ class NamedConfig:
         keys = "whole blocks in text order" if self.passages else "k = 5"
         hold = ", answer holds the question's blocks" if self.hold else ""
         store = f", {self.memory_type} store" if self.memory_type else ""
-        return f"Λ + memory (m = {self.memory_blocks}{rerank}{layer}, B = {block_size}, {keys}{store}{hold})"
+        last = f", the question's last {self.select_tokens} tokens select" if self.select_tokens else ""
+        return f"Λ + memory (m = {self.memory_blocks}{rerank}{last}{layer}, B = {block_size}, {keys}{store}{hold})"

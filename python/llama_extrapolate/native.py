@@ -188,6 +188,12 @@ def memory_set_hold(ctx: int, mode: str) -> None:
     _core.memory_set_hold(ctx, MEMORY_HOLD_MODES[mode])
 
 
+def memory_set_question(ctx: int, candidates: int, select_tokens: int) -> None:
+    """The candidates the next selecting decodes rerank and the last tokens whose queries select (the library's
+    reason for a refusal, e.g. more candidates than the model was loaded with, is the ValueError)."""
+    _core.memory_set_question(ctx, int(candidates), int(select_tokens))
+
+
 def memory_info(ctx: int) -> Dict[str, int]:
     return {k: int(v) for k, v in _core.memory_info(ctx).items()}
 

@@ -16,7 +16,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -201,11 +201,12 @@ class Stream:
         return out
 
     def ask_each(self, document: Sequence[int], question: Sequence[int], n_new: int,
-                 top_ks: Dict[str, int], holds: Optional[Dict[str, bool]] = None) -> Dict[str, List[int]]:
+                 top_ks: Dict[str, int], holds: Optional[Dict[str, bool]] = None,
+                 selecting: Optional[Dict[str, Tuple[int, int]]] = None) -> Dict[str, List[int]]:
         """Read ``document`` once, then answer ``question`` once per entry of ``top_ks`` ({name: the question's
-        top_k, 0 = no middle keys}; ``holds``: {name: the answer holds the question's blocks}), each from the
-        state right after the reading (saved to a temporary file, with the memory's blocks when it has a
-        memory)."""
+        top_k, 0 = no middle keys}; ``holds``: {name: the answer holds the question's blocks}; ``selecting``:
+        {name: (the memory's candidates, the question's selecting tokens)}), each from the state right after the
+        reading (saved to a temporary file, with the memory's blocks when it has a memory)."""
         import tempfile
 
         self.read_document(document)
@@ -221,6 +222,8 @@ class Stream:
                         raise RuntimeError(f"the state saved after the reading ({state}) did not load back")
                     self.context.n_past = len(document)
                 self.llm.set_top_k(k)
+                if selecting and name in selecting:
+                    self.llm.set_memory_question(*selecting[name])
                 out[name] = self.answer_question(question, n_new, bool((holds or {}).get(name)))
                 self.answer_timing[name] = (self.last_first_token_seconds, self.last_answer_seconds)
         return out
@@ -236,7 +239,9 @@ def shared_readings(configs: Sequence[str]) -> List[tuple]:
     """[(the configuration that reads, [the configurations asked after its reading])] in the order given.
 
     A document-memory configuration and its ':passages' and ':hold' twins read alike (the question's top_k and
-    the answer's hold alone differ),
+    the answer's hold alone differ), and so do memories that differ only in their candidates c and the question's
+    selecting tokens (':last=T'), which are set before each question (Llama.set_memory_question): the reading is
+    loaded with the largest c of the group, which sizes the graph;
     and 'lambda' is the memory's reading with the memory left unused at the question: the same Λ mask over the
     same window and sinks (the memory only keeps what leaves the window; a key it still caches at the window's
     edge is masked), so all three read once. Every other configuration reads alone."""
@@ -244,14 +249,24 @@ def shared_readings(configs: Sequence[str]) -> List[tuple]:
 
     groups: Dict[str, List[str]] = {}
     for name in configs:
-        reader = (replace(NamedConfig.parse(name), passages=False, hold=False).name
-                  if NamedConfig.is_memory_name(name) else name)
+        reader = (replace(NamedConfig.parse(name), passages=False, hold=False, memory_candidates=0,
+                          select_tokens=0).name if NamedConfig.is_memory_name(name) else name)
         groups.setdefault(reader, []).append(name)
+    # a memory's group reads with the largest candidates any of its names asks with
+    groups = {(replace(NamedConfig.parse(r), memory_candidates=max(NamedConfig.parse(n).memory_candidates
+                                                                   for n in names)).name
+               if NamedConfig.is_memory_name(r) else r): names for r, names in groups.items()}
     readers = [r for r in groups if NamedConfig.is_memory_name(r)]
     if "lambda" in groups and readers:
         groups[readers[0]] += groups.pop("lambda")
     # a configuration alone reads as itself (a ':passages' one with its own top_k from the start)
     return [(names[0], names) if len(names) == 1 else (reader, names) for reader, names in groups.items()]
+
+
+def memory_question(name: str) -> Tuple[int, int]:
+    """(candidates, selecting tokens) a memory configuration's question selects with (Llama.set_memory_question)."""
+    named = NamedConfig.parse(name)
+    return named.memory_candidates, named.select_tokens
 
 
 def holds(name: str) -> bool:
@@ -372,6 +387,8 @@ def answer_prompts(model: str, info, configs: Sequence[str], prompts: Dict[tuple
             llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                         verbose=False, **thread_counts(threads), **st.llama_kwargs())
             stream = Stream(llm, n_batch, st.context_shift)
+            if len(names) == 1 and NamedConfig.is_memory_name(reader):
+                llm.set_memory_question(*memory_question(reader))  # the question's selecting tokens
             peak_rss_reset()  # each reading group's own peak (Linux), not an earlier group's
             try:
                 for key, p, pending in todo:
@@ -386,7 +403,8 @@ def answer_prompts(model: str, info, configs: Sequence[str], prompts: Dict[tuple
                     else:
                         outs = stream.ask_each(p.tokens[:p.question_start], p.tokens[p.question_start:], new,
                                                {n: question_top_k(n, st.attention) for n in pending},
-                                               {n: holds(n) for n in pending})
+                                               {n: holds(n) for n in pending},
+                                               {n: memory_question(n) for n in pending if NamedConfig.is_memory_name(n)})
                         answers = {n: (out, *stream.answer_timing[n]) for n, out in outs.items()}
                     seconds = time.perf_counter() - t0
                     read = stream.last_read
