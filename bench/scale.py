@@ -84,7 +84,11 @@ def run(args) -> None:
     import llama_extrapolate as le
     from llama_extrapolate import native
     from llama_extrapolate.harness.corpora import paul_graham_essays
+    from dataclasses import replace
+
+    from llama_extrapolate.config import MEMORY_CANDIDATES_PER_BLOCK
     from llama_extrapolate.harness.evaluate import memory_config_name, setup_for
+    from llama_extrapolate.names import NamedConfig
     from llama_extrapolate.reader import load_document_state, save_document_state
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
     from llama_extrapolate.session import Session
@@ -109,12 +113,20 @@ def run(args) -> None:
         config = config[:-len(HOLD_SUFFIX)] if hold else config
         name = "lambda" if config == "lambda" else memory_config_name("lambda+memory" + config[len("memory"):])
         n_total = len(text) + len(short_q) + len(long_q) + 2 * (ANSWER_TOKENS + 1)
-        st = setup_for(name, info, n_total, args.n_batch, window=args.window)
+        # a memory asked with fewer candidates or its last tokens (c below the default, ':last=T') reads as the
+        # default's reading does, which it reuses: those are set at the question (Llama.set_memory_question)
+        reader, question = name, None
+        if name != "lambda":
+            named = NamedConfig.parse(name)
+            c_read = max(named.memory_candidates, MEMORY_CANDIDATES_PER_BLOCK * named.memory_blocks)
+            reader = replace(named, memory_candidates=c_read, select_tokens=0).name
+            question = (named.memory_candidates, named.select_tokens) if reader != name else None
+        st = setup_for(reader, info, n_total, args.n_batch, window=args.window)
         kwargs = st.llama_kwargs()
         store = None
         # a kept reading (--reading-dir): the state after the document and the store it references, reused by a
         # later run of the same shape, length and configuration, which then measures the questions only
-        kept = Path(args.reading_dir) / f"{args.shape}-{len(text)}-w{args.window}-t{args.threads}-{name}" \
+        kept = Path(args.reading_dir) / f"{args.shape}-{len(text)}-w{args.window}-t{args.threads}-{reader}" \
             if args.reading_dir else None
         reuse = kept is not None and (kept / "reading.json").is_file()
         if st.attention.memory_blocks:
@@ -148,6 +160,8 @@ def run(args) -> None:
                     (kept / "reading.json").write_text(json.dumps(reading))
             if st.top_k_question:
                 llm.set_top_k_active(True)
+            if question is not None:
+                llm.set_memory_question(*question)
             read_s = reading["read_s"]
             entry = {"shape": args.shape, "tokens": len(text), "window": args.window, "threads": args.threads,
                      "config": name + (HOLD_SUFFIX if hold else ""),
@@ -156,6 +170,8 @@ def run(args) -> None:
                      "kv_cache_bytes": st.n_ctx * shape.n_layer * shape.kv_values_per_layer() * 2 * 2}
             if reuse:
                 entry["reading_reused"] = reading["date"]
+            if reader != name:
+                entry["read_with"] = reader
             entry["short_question"] = ask(session, short_q, store, hold)
             entry["long_question"] = ask(session, long_q, store, hold)
             if st.attention.memory_blocks:
@@ -180,8 +196,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="llama-2-7b", help="a shape of bench/kv_shapes.py")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--configs", default="lambda,memory",
-                    help="lambda, memory (the library's default m and c), memory:m=N:c=C[:passages]; a memory "
-                         "configuration ending in :hold answers from the blocks its question kept")
+                    help="lambda, memory (the library's default m and c), memory:m=N:c=C[:last=T][:passages]; a "
+                         "memory configuration ending in :hold answers from the blocks its question kept; one with "
+                         "fewer candidates than the default or :last=T reads (and reuses) the default's reading and "
+                         "sets its question's selection before asking")
     ap.add_argument("--capacity", type=int, default=0,
                     help="tokens the memory is opened for (default: what is read): the summaries' RAM at that length")
     ap.add_argument("--window", type=int, default=1024)

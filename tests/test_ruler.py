@@ -5,7 +5,6 @@ end to end on the default model. The scores of real models are bench/'s."""
 import json
 import re
 
-import numpy as np
 import pytest
 
 

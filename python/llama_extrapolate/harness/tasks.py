@@ -314,10 +314,7 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
     info = read_model_info(model)
     configs = [memory_config_name(c) for c in configs]  # trials say which m they ran with
     out_path = Path(out_path)
-    settings = {"task": task, "seed": seed, "model": Path(model).name, "n_new": n_new}
-    results = read_json_if(out_path, lambda old: all(old.get(k) == v for k, v in settings.items()))
-    results.update(settings)
-    results.setdefault("trials", [])
+    results = resumed_trials(out_path, {"task": task, "seed": seed, "model": Path(model).name, "n_new": n_new})
     done = {(t["config"], t["length"], t["depth"], t["trial"]) for t in results["trials"]}
 
     def save() -> None:
@@ -350,6 +347,15 @@ def run_retrieval(model: str, task: str, configs: Sequence[str], lengths: Sequen
                    window=window, sinks=sinks, n_new=n_new, progress=progress, desc=task,
                    share_reading=share_reading)
     save()
+    return results
+
+
+def resumed_trials(out_path: Path, settings: dict) -> dict:
+    """The results file's content when it was written with these ``settings`` (its trials are kept and skipped by
+    the rerun), else a new one: the settings and an empty list of trials."""
+    results = read_json_if(out_path, lambda old: all(old.get(k) == v for k, v in settings.items()))
+    results.update(settings)
+    results.setdefault("trials", [])
     return results
 
 
