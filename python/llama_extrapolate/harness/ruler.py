@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..jsonfile import write_json_atomic, writes_one_file
+from .corpora import long_context_eval_file
 from .tasks import PASSKEY_FILLER, Prompt
 
 # RULER's task table (its synthetic.yaml): the generator each task uses and its arguments
@@ -60,24 +61,17 @@ METRICS = {"niah": "all", "variable_tracking": "all", "common_words_extraction":
 NEEDLE = "One of the special magic {kind} for {key} is: {value}."
 DOCUMENT = "Document {i}:\n{document}"
 CONTEXT_MARK = "\x00context\x00"  # where the context goes in a filled template: the document ends there
-ANSWER_MARK = "\x00answer\x00"  # where the question ends and the answer's prefix starts
 NIAH_DEPTHS = np.round(np.linspace(0, 100, num=40)).astype(int)  # RULER's needle depths, in percent
-# haystack units per step of the fit: essay words, lines, filler sentences, listed words, paragraphs (RULER steps by
-# 500 words, 25 lines or 10 of the rest, which leaves a prompt up to a step short of its length; these fill it)
-STEP = {"essay": 50, "lines": 1, "short_lines": 1, "noise": 1, "words": 1, "docs": 1}
-
-
-def _package_file(relative: str) -> bytes:
-    from .corpora import long_context_eval_file
-
-    return long_context_eval_file(relative)
+# essay words per step of the fit; every other haystack (lines, filler sentences, listed words, paragraphs) steps by
+# one (RULER steps by 500 words, 25 lines or 10 of the rest, which leaves a prompt up to a step short of its length)
+ESSAY_STEP = 50
 
 
 @lru_cache(maxsize=1)
 def templates() -> Dict[str, dict]:
     """RULER's templates, answer prefixes and answer budgets by generator ({'niah': {'template', 'answer_prefix',
     'tokens_to_generate'}, ...}), the literal of its constants module read without running it."""
-    source = _package_file("data/synthetic/constants.py").decode("utf-8")
+    source = long_context_eval_file("data/synthetic/constants.py").decode("utf-8")
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "TASKS" for t in node.targets):
             return ast.literal_eval(node.value)
@@ -98,13 +92,20 @@ def word_lists() -> Dict[str, List[str]]:
             for kind in ("noun", "adjective", "verb")}
 
 
+@lru_cache(maxsize=1)
+def word_pool() -> List[str]:
+    """Every word of the three lists once, sorted: the words RULER's common-words task lists."""
+    lists = word_lists()
+    return sorted(set(lists["noun"]) | set(lists["adjective"]) | set(lists["verb"]))
+
+
 @lru_cache(maxsize=2)
 def qa_data(dataset: str) -> Tuple[List[dict], List[str]]:
     """(questions, paragraphs) of RULER's QA task: each question with its answers, its own paragraphs ('gold') and,
     for SQuAD, the other paragraphs of its article ('near', the first distractors); unanswerable SQuAD questions
     left out, as RULER does."""
     if dataset == "squad":
-        data = json.loads(_package_file("data/synthetic/json/squad.json"))["data"]
+        data = json.loads(long_context_eval_file("data/synthetic/json/squad.json"))["data"]
         docs = sorted({p["context"] for d in data for p in d["paragraphs"]})
         index = {c: i for i, c in enumerate(docs)}
         qas = []
@@ -118,7 +119,7 @@ def qa_data(dataset: str) -> Tuple[List[dict], List[str]]:
                                     "gold": [gold], "near": [i for i in article if i != gold]})
         return qas, docs
     if dataset == "hotpotqa":
-        data = json.loads(_package_file("data/synthetic/json/hotpotqa.json"))
+        data = json.loads(long_context_eval_file("data/synthetic/json/hotpotqa.json"))
         text = lambda title, sents: f"{title}\n{''.join(sents)}"  # noqa: E731
         docs = sorted({text(t, p) for d in data for t, p in d["context"]})
         index = {c: i for i, c in enumerate(docs)}
@@ -192,23 +193,18 @@ class _Generator:
 
     @property
     def step(self) -> int:
-        if self.kind == "niah":
-            haystack = self.args["type_haystack"]
-            return STEP["essay"] if haystack == "essay" else STEP["short_lines" if self.short else "lines"]
-        return {"variable_tracking": STEP["noise"], "common_words_extraction": STEP["words"], "qa": STEP["docs"]}[self.kind]
+        return ESSAY_STEP if self.kind == "niah" and self.args["type_haystack"] == "essay" else 1
 
-    def fill(self, template: str, context: str, prefix: Optional[str] = None, **kw) -> Tuple[str, str]:
-        """(document, question) of ``template`` + the answer prefix (the task's unless given), the prefix after
-        ANSWER_MARK: the document ends with ``context``."""
+    def fill(self, template: str, context: str, prefix: Optional[str] = None, **kw) -> Tuple[str, str, str]:
+        """(document, question, answer prefix) of ``template`` and the answer prefix (the task's unless given): the
+        document ends with ``context``."""
         before, after = template.format(context=CONTEXT_MARK, **kw).split(CONTEXT_MARK)
         prefix = self.spec.get("answer_prefix", "") if prefix is None else prefix
-        return before + context, after + ANSWER_MARK + prefix.format(**kw)
+        return before + context, after, prefix.format(**kw)
 
     def build(self, units: int) -> Tuple[str, str, str, List[str]]:
         """(document, question, answer prefix, references) for ``units`` haystack units."""
-        document, question, references = getattr(self, "_" + self.kind)(units)
-        question, prefix = question.split(ANSWER_MARK)
-        return document, question, prefix, references
+        return getattr(self, "_" + self.kind)(units)
 
     # --- needle in a haystack ------------------------------------------------------------------------
     def _random(self, rng: np.random.Generator, kind: str) -> str:
@@ -222,7 +218,7 @@ class _Generator:
             return str(uuid.UUID(bytes=rng.bytes(16), version=4))
         raise ValueError(f"needle kind {kind!r}")
 
-    def _niah(self, units: int) -> Tuple[str, str, List[str]]:
+    def _niah(self, units: int) -> Tuple[str, str, str, List[str]]:
         a, rng = self.args, self.rng()
         n_keys = max(a["num_needle_k"], a["num_needle_q"])
         keys, values, needles = [], [], []
@@ -257,8 +253,7 @@ class _Generator:
             template, prefix = (t.replace("Some", "A").replace("are all", "is").replace("are", "is")
                                 .replace("answers", "answer") for t in (template, prefix))
             kind = kind[:-1]
-        document, question = self.fill(template, context, prefix, type_needle_v=kind, query=query)
-        return document, question, references
+        return (*self.fill(template, context, prefix, type_needle_v=kind, query=query), references)
 
     # --- variable tracking ---------------------------------------------------------------------------
     def _chain(self, rng: np.random.Generator, letters: int) -> Tuple[List[str], List[str], str]:
@@ -272,7 +267,7 @@ class _Generator:
         lines = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(hops)]
         return names, lines, value
 
-    def _vt_text(self, rng: np.random.Generator, units: int, letters: int) -> Tuple[str, str, List[str]]:
+    def _vt_text(self, rng: np.random.Generator, units: int, letters: int) -> Tuple[str, str, str, List[str]]:
         if self.args["num_chains"] != 1:
             raise ValueError("variable tracking with more than one chain is not generated here")
         names, chain, value = self._chain(rng, letters)
@@ -280,20 +275,17 @@ class _Generator:
         for j, pos in enumerate(sorted(rng.choice(len(sentences), len(chain), replace=False))):
             sentences.insert(int(pos) + j, chain[j])
         context = " ".join(sentences).replace(". \n", ".\n")
-        document, question = self.fill(self.spec["template"], context, query=value, num_v=len(names))
-        return document, question, names
+        return (*self.fill(self.spec["template"], context, query=value, num_v=len(names)), names)
 
-    def _variable_tracking(self, units: int) -> Tuple[str, str, List[str]]:
+    def _variable_tracking(self, units: int) -> Tuple[str, str, str, List[str]]:
         # one worked example first (RULER's: three-letter names, about 500 tokens), then the task
-        example, example_q, example_names = self._vt_text(self.rng(1), 15, 3)
-        document, question, names = self._vt_text(self.rng(), units, 5)
-        example_q = example_q.replace(ANSWER_MARK, "")
-        return example + example_q + " " + " ".join(example_names) + "\n\n" + document, question, names
+        *example, example_names = self._vt_text(self.rng(1), 15, 3)
+        document, question, prefix, names = self._vt_text(self.rng(), units, 5)
+        return "".join(example) + " " + " ".join(example_names) + "\n\n" + document, question, prefix, names
 
     # --- common words --------------------------------------------------------------------------------
     def _word_list(self, rng: np.random.Generator, n: int, common: int, rare: int) -> Tuple[str, List[str]]:
-        lists = word_lists()
-        pool = sorted(set(lists["noun"]) | set(lists["adjective"]) | set(lists["verb"]))
+        pool = word_pool()
         if n > len(pool):
             raise ValueError(f"{n} distinct words asked, the word lists hold {len(pool)}")
         chosen = [pool[i] for i in rng.choice(len(pool), n, replace=False)]
@@ -302,16 +294,16 @@ class _Generator:
         listed = [listed[i] for i in rng.permutation(len(listed))]
         return " ".join(f"{i + 1}. {w}" for i, w in enumerate(listed)), top
 
-    def _common_words_extraction(self, units: int) -> Tuple[str, str, List[str]]:
+    def _common_words_extraction(self, units: int) -> Tuple[str, str, str, List[str]]:
         rng = self.rng()
         ex_n, ex_common, ex_rare, common, rare = ((20, 3, 1, 6, 1) if self.short else
                                                  (40, 10, 3, self.args["freq_cw"], self.args["freq_ucw"]))
         example_context, example_top = self._word_list(rng, ex_n, ex_common, ex_rare)
-        context, top = self._word_list(rng, max(units, self.args["num_cw"] + 1), common, rare)
-        example = "".join(self.fill(self.spec["template"], example_context, query="")).replace(ANSWER_MARK, "")
+        context, top = self._word_list(rng, units, common, rare)
+        example = "".join(self.fill(self.spec["template"], example_context, query=""))
         example += " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(example_top))
-        document, question = self.fill(self.spec["template"], context, query="")
-        return example + "\n" + document, question, top
+        document, question, prefix = self.fill(self.spec["template"], context, query="")
+        return example + "\n" + document, question, prefix, top
 
     def min_units(self) -> int:
         """The least haystack a prompt can have: room for every needle or chain line, more words than the common
@@ -328,8 +320,7 @@ class _Generator:
     def max_units(self) -> Optional[int]:
         """The most haystack units there are (the word lists, the paragraphs, the essays), None when unbounded."""
         if self.kind == "common_words_extraction":
-            lists = word_lists()
-            return len(set(lists["noun"]) | set(lists["adjective"]) | set(lists["verb"]))
+            return len(word_pool())
         if self.kind == "qa":
             return len(qa_data(self.args["dataset"])[1])
         if self.kind == "niah" and self.args["type_haystack"] == "essay":
@@ -343,7 +334,7 @@ class _Generator:
         order = np.random.default_rng([self.entropy[0], self.entropy[1]]).permutation(len(qas))
         return qas[int(order[self.entropy[3] % len(qas)])]
 
-    def _qa(self, units: int) -> Tuple[str, str, List[str]]:
+    def _qa(self, units: int) -> Tuple[str, str, str, List[str]]:
         _, docs = qa_data(self.args["dataset"])
         qa, rng = self._question(), self.rng()
         gold, near = qa["gold"], qa["near"]
@@ -357,8 +348,7 @@ class _Generator:
             chosen = gold + near + rest[: units - len(gold) - len(near)]
         chosen = [chosen[i] for i in rng.permutation(len(chosen))]
         context = "\n\n".join(DOCUMENT.format(i=i + 1, document=docs[d]) for i, d in enumerate(chosen))
-        document, question = self.fill(self.spec["template"], context, query=qa["query"])
-        return document, question, list(qa["outputs"])
+        return (*self.fill(self.spec["template"], context, query=qa["query"]), list(qa["outputs"]))
 
 
 class PromptFormat:
@@ -395,13 +385,12 @@ class PromptFormat:
 
 def ruler_sample(fmt: PromptFormat, task: str, length: int, seed: int, trial: int) -> Sample:
     """Task ``task``'s prompt of at most ``length`` tokens with room for its answer: the largest haystack (in
-    steps of STEP) whose prompt and answer budget fit."""
+    the generator's steps) whose prompt and answer budget fit."""
     entropy = sample_seed(seed, task, length, trial)
     gen = _Generator(task, entropy, short=length < 4096)
     budget = length - int(gen.spec["tokens_to_generate"])
     step, top = gen.step, gen.max_units()
-    if gen.kind == "qa":
-        step = 1 if length < 4096 else step  # a few paragraphs fill a short prompt
+    top_k = None if top is None else top // step  # the most steps the haystack has
     sizes: Dict[int, int] = {}
 
     def size(k: int) -> int:
@@ -410,14 +399,13 @@ def ruler_sample(fmt: PromptFormat, task: str, length: int, seed: int, trial: in
         return sizes[k]
 
     def fits(k: int) -> bool:
-        return (top is None or k * step <= top) and size(k) <= budget
+        return (top_k is None or k <= top_k) and size(k) <= budget
 
     low = -(-gen.min_units() // step)
     if not fits(low):
         raise ValueError(f"length={length} is too short for {task} ({size(low)} tokens with the least haystack, "
                          f"{gen.spec['tokens_to_generate']} more for the answer): use a longer length")
     # a guess from the tokens a unit adds, then bisection between a haystack that fits and one that does not
-    top_k = None if top is None else top // step
     per_unit = max(size(2 * low) - size(low), 1) / low if fits(2 * low) else float("inf")
     guess = max(low, int(low + 0.97 * (budget - size(low)) / per_unit)) if per_unit != float("inf") else low
     if top_k is not None:
