@@ -90,6 +90,16 @@ def test_a_kept_reading_is_reused_for_the_questions(shape_model, tmp_path, monke
     assert again["reading_reused"] == json.loads((reading / "reading.json").read_text())["date"]
     assert again["read_s"] == first["read_s"] and again["memory"]["n_blocks"] == first["memory"]["n_blocks"] > 2
     assert again["short_question"]["question_rchar"] > 0  # the question read the kept store
+    # asked three times, the reading reloaded between: the median repetition is the entry's, and every repetition
+    # answers with the first run's token
+    assert bench.main(args + ["--repeat", "3"]) == 0
+    (third,) = json.loads(out.read_text())["runs"]
+    for q in ("short_question", "long_question"):
+        times = third[q]["first_token_s_repeats"]
+        assert len(times) == 3 and third[q]["first_token_s"] == sorted(times)[1]
+        assert third[q]["first_tokens_repeats"] == [first[q]["first_token"]] * 3 and third[q]["question_rchar"] > 0
+    with pytest.raises(SystemExit):
+        bench.main(["--repeat", "2"])  # nothing kept to ask again
 
 
 def test_the_shape_models_memory_is_stored_by_its_key_head_not_its_residual_width(shape_model):
