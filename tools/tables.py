@@ -743,24 +743,20 @@ def ruler_status(r: Path, link) -> str:
     defaults (m = 64, c = 1024, q4_0), full attention and Λ alone."""
     d = load("ruler-qwen2.5-coder-0.5b.json", r)
     names = ["lambda+memory:m=64:c=1024" + DEFAULT_STORE_SUFFIX, "vanilla", "lambda"]
-    at = []
-    for length in sorted({int(t["length"]) for t in d["trials"]}):
-        trials = [t for t in d["trials"] if int(t["length"]) == length]
-        parts = []
-        for family, match in RULER_FAMILIES:
-            scores = []
-            for config in names:
-                per_task: Dict[str, List[float]] = {}
-                for t in trials:
-                    if t["config"] == config and (t["task"].startswith(match) if isinstance(match, str)
-                                                  else t["task"] in match):
-                        per_task.setdefault(t["task"], []).append(t["score"])
-                scores.append(f(np.mean([np.mean(v) for v in per_task.values()]), 0) if per_task else DASH)
-            parts.append(f"{family} {' / '.join(scores)}")
-        at.append(f"{k(length)}: " + ", ".join(parts))
-    samples = min(sum(1 for t in d["trials"] if t["config"] == names[0] and t["task"] == task and t["length"] == L)
-                  for task, L in {(t["task"], t["length"]) for t in d["trials"] if t["config"] == names[0]})
-    full_cwe = [t["score"] for t in d["trials"] if t["config"] == "vanilla" and t["task"] == "cwe"]
+    scores: Dict[tuple, List[float]] = {}  # (length, config, task) -> the samples' scores
+    for t in d["trials"]:
+        scores.setdefault((int(t["length"]), t["config"], t["task"]), []).append(t["score"])
+
+    def family_mean(length: int, config: str, match) -> str:
+        means = [np.mean(v) for (L, c, task), v in scores.items() if L == length and c == config and (
+            task.startswith(match) if isinstance(match, str) else task in match)]
+        return f(np.mean(means), 0) if means else DASH
+
+    at = [f"{k(length)}: " + ", ".join(f"{family} {' / '.join(family_mean(length, c, match) for c in names)}"
+                                       for family, match in RULER_FAMILIES)
+          for length in sorted({L for L, _, _ in scores})]
+    samples = min(len(v) for (_, c, _), v in scores.items() if c == names[0])
+    full_cwe = [x for (_, c, task), v in scores.items() if c == "vanilla" and task == "cwe" for x in v]
     caveat = "; the model finds no common words with full attention either" if full_cwe and max(full_cwe) == 0 else ""
     return ("memory / full attention / Λ alone, " + link("; ".join(at), "ruler")
             + f" ({samples} samples a task{caveat})")
