@@ -568,20 +568,22 @@ def table_memory_scale(r: Path) -> str:
     first answer token after a short and a 128-token question, an answer token's time and the bytes it reads from
     the store, the memory's RAM and the peak RSS, by configuration (":hold": the answer holds the question's blocks)."""
     d = load("scale.json", r)
-    # the question variants asked again in the reverse order (bench/scale.py --out scale_repeat.json): the disk's
-    # throughput varies between runs, and both runs are shown
-    repeat = load("scale_repeat.json", r)["runs"] if (r / "scale_repeat.json").is_file() else []
+
+    def first_token(q: dict) -> str:
+        # asked several times (bench/scale.py --repeat): the median, and the range the disk's speed gave
+        times = q.get("first_token_s_repeats")
+        return f"{q['first_token_s']:.2f} s" + (f" ({min(times):.1f}–{max(times):.1f})" if times else "")
+
     rows = []
-    for run in d["runs"] + [{**x, "repeat": True} for x in repeat]:
+    for run in d["runs"]:
         short, long_ = run["short_question"], run["long_question"]
         note = f" ({run['note']})" if run.get("note") else ""
         note += " (questions on the kept reading)" if run.get("reading_reused") else ""
         note += " (asked with the reading of c = 1024)" if run.get("read_with") else ""
-        note += " (repeat, in reverse order)" if run.get("repeat") else ""
         read = f"{k(run['tokens'])} read" + (f", memory for {k(run['capacity'])}" if run.get("capacity") else "")
         rows.append([f"{run['config']}{note}", f"{run['shape']}, {read}, W = {run['window']}, {run['threads']} threads",
                      f"{run['read_tok_s']:.0f}",
-                     f"{short['first_token_s']:.2f} s / {long_['first_token_s']:.2f} s",
+                     f"{first_token(short)} / {first_token(long_)}",
                      f"{short['answer_step_mean_s']:.3f} s",
                      f"{short['question_read_bytes'] / 1e9:.2f} GB",
                      f"{short['answer_rchar_per_token'] / 1e6:,.0f} MB",
