@@ -115,7 +115,8 @@ def test_run_refuses_n_ctx_where_it_has_no_effect(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("flag, value", [("--memory-selection", "layer"), ("--memory-candidates", "256"),
-                                         ("--passages", None), ("--memory-answer", "hold")])
+                                         ("--passages", None), ("--memory-answer", "hold"),
+                                         ("--memory-select-tokens", "32")])
 def test_run_refuses_memory_options_without_the_memory(capsys, tmp_path, flag, value):
     from llama_extrapolate import cli
 

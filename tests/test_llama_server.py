@@ -100,6 +100,9 @@ def test_command_line_carries_the_settings(binary):
     assert "llama.attention.lambda.memory_per_layer=bool:true" in layer
     with pytest.raises(ValueError, match="sinks=500 > window=100"):
         llama_server_args(ExtrapolateSettings(window=100, sinks=500))
+    # a setting of the library's question that llama-server cannot carry is refused, not dropped
+    with pytest.raises(ValueError, match="memory_select_tokens=32 with --llama_server"):
+        llama_server_args(ExtrapolateSettings(window=WINDOW, memory_capacity=CAPACITY, memory_select_tokens=32))
 
 
 def test_long_document_then_second_question_reuses_the_stream(server):

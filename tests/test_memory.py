@@ -715,6 +715,23 @@ def test_bad_question_settings_are_named(tiny):
         plain.close()
 
 
+def test_a_models_question_selecting_tokens_are_set_at_load(tiny):
+    """Llama(memory_select_tokens=T), what run's and serve's --memory-select-tokens pass: set once the memory is
+    open and read back from the library; a bad value or one without the memory is named."""
+    from llama_extrapolate import AttentionConfig
+
+    _, path, _ = tiny
+    llm = make_llm(path, memory_config(memory_candidates=8), memory_select_tokens=8)
+    try:
+        assert (llm.memory_info()["n_candidates"], llm.memory_info()["n_select_tokens"]) == (8, 8)
+    finally:
+        llm.close()
+    with pytest.raises(ValueError, match="select_tokens=-1: give a whole number >= 0"):
+        make_llm(path, memory_config(memory_candidates=8), memory_select_tokens=-1)
+    with pytest.raises(ValueError, match="memory_select_tokens without the document memory"):
+        tiny_llm(path, AttentionConfig(sinks=S, window=W, ceiling=C), memory_select_tokens=8)
+
+
 def test_bad_store_settings_are_named(tiny, tmp_path):
     _, path, _ = tiny
     with pytest.raises(ValueError, match="q4_1"):
@@ -786,10 +803,11 @@ def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_p
     assert "GiB reserved on disk for" in out.err and "KiB a token, q4_0" in out.err, out.err
     assert "the answer holds the blocks its question selected" in out.err, out.err
     rc = cli.main(["run", "--file", str(doc), "--prompt", question, "--window", "1024", "--no-chat",
-                   "--max-tokens", "16", "--threads", "2", "--memory-answer", "select"])
+                   "--max-tokens", "16", "--threads", "2", "--memory-answer", "select", "--memory-select-tokens", "4"])
     out = capsys.readouterr()
     assert rc == 0 and "68512" in out.out, out.out
-    assert "the answer selects blocks at every token" in out.err, out.err
+    assert "the question's last 4 tokens select its blocks; the answer selects blocks at every token" in out.err, \
+        out.err
     # 64 blocks per head where the document has 26 behind the window: all of them (an earlier version of the memory
     # stayed shut below m blocks and this answer was the plain window's)
     rc = cli.main(["run", "--file", str(doc), "--prompt", question, "--window", "1024", "--no-chat",

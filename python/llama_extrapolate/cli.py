@@ -248,6 +248,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                              "document is read again")
         memory = dict(memory_path=memory_file, memory_keep=keep, memory_reopen=reopen,
                       memory_type=memory_type, memory_answer=options.memory_answer_or_default(),
+                      memory_select_tokens=options.memory_select_tokens,
                       memory_capacity=reader.memory_capacity(resolved, info, document, args.prompt,
                                                              max_tokens=args.max_tokens))
     elif args.memory_file is not None or args.keep_memory:
@@ -262,9 +263,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if resolved.memory and not args.quiet:
             # what the reading will take, said before it starts (the file is reserved: a disk too small was refused)
             store, per_token = llm.memory_disk_bytes(), llm.memory_disk_bytes(2**20) / 2**20
+            info = llm.memory_info()
+            selecting = (f"the question's last {info['n_select_tokens']} tokens select its blocks; "
+                         if info["n_select_tokens"] else "")
             print(f"[document memory: {store / 2**30:.2f} GiB reserved on disk for {llm.memory_capacity} tokens "
                   f"({per_token / 1024:.1f} KiB a token, {memory['memory_type']}), "
-                  f"{llm.memory_info()['bytes_in_ram'] / 2**20:.0f} MiB of RAM; the answer "
+                  f"{info['bytes_in_ram'] / 2**20:.0f} MiB of RAM; {selecting}the answer "
                   + ("holds the blocks its question selected]" if llm.memory_answer == "hold" else
                      "selects blocks at every token]"), file=sys.stderr)
         t0 = time.perf_counter()
@@ -512,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="temperature of the sampling of the answer (0 = greedy); the softmax temperature of the "
                         "attention comes from --profile")
     add_flags(r, ["ceiling", "top_k", "top_k_layer", "top_k_distance", "memory_blocks", "memory_block_size",
-                  "memory_candidates", "passages", "memory_selection", "memory_answer"])
+                  "memory_candidates", "passages", "memory_selection", "memory_answer", "memory_select_tokens"])
     r.add_argument("--memory-file", help="the memory's file (default: an anonymous temporary file)")
     r.add_argument("--keep-memory", action="store_true", help="keep --memory-file after the run")
     add_flags(r, ["memory_type", "profile", "profile_mode"])

@@ -65,7 +65,7 @@ class Llama(llama_cpp.Llama):
                  memory_path: Optional[str] = None, memory_dir: Optional[str] = None, memory_keep: bool = False,
                  memory_type: Optional[str] = None, memory_capacity: Optional[int] = None, memory_reopen: bool = False,
                  question_tokens: Optional[int] = None, memory_answer: str = "select",
-                 checkpoint_path: Optional[str] = None, checkpoint_every: float = DEFAULT_CHECKPOINT_SECONDS,
+                 memory_select_tokens: Optional[int] = None, checkpoint_path: Optional[str] = None, checkpoint_every: float = DEFAULT_CHECKPOINT_SECONDS,
                  **kwargs: Any) -> None:
         self.tokens_decoded = 0  # every token eval decoded, prompts and answers
         self._checkpoints = None  # a long prompt's reading saved as it goes (checkpoint_path)
@@ -152,9 +152,13 @@ class Llama(llama_cpp.Llama):
                 checkpoint_path, checkpoint_every, memory_path, memory_keep, memory_reopen, memory_type)
         if expected.memory:
             self._open_memory(memory_path, memory_dir, memory_keep, memory_type, memory_capacity, memory_reopen)
-        elif memory_path is not None or memory_capacity is not None or memory_reopen:
-            raise ValueError("memory_path/memory_capacity/memory_reopen without the document memory: use "
-                             "AttentionConfig(memory_blocks=64, top_k=5, ...) to keep what leaves the window")
+            if memory_select_tokens is not None:
+                self.set_memory_question(select_tokens=memory_select_tokens)
+        elif memory_path is not None or memory_capacity is not None or memory_reopen or \
+                memory_select_tokens is not None:
+            raise ValueError("memory_path/memory_capacity/memory_reopen/memory_select_tokens without the document "
+                             "memory: use AttentionConfig(memory_blocks=64, top_k=5, ...) to keep what leaves the "
+                             "window")
         if expected.top_k > 0 and expected.top_k_scope == "question":
             self.set_top_k_active(False)  # read with plain Lambda attention until the question
 

@@ -112,6 +112,7 @@ def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
     kwargs: Dict[str, Any] = dict(attention=attention)
     if resolved.memory:
         kwargs.update(memory_type=options.memory_type_on(info), memory_answer=options.memory_answer_or_default(),
+                      memory_select_tokens=settings.memory_select_tokens,
                       memory_dir=settings.memory_dir,
                       memory_capacity=settings.memory_capacity)
     elif settings.memory_type is not None or settings.memory_dir is not None:
@@ -374,6 +375,10 @@ def llama_server_args(settings: ExtrapolateSettings) -> List[str]:
         if settings.memory_answer == "hold":
             raise ValueError("memory_answer=hold with --llama_server: llama.cpp's server selects the memory's blocks "
                              "at every answer token; use `llama-extrapolate serve` without --llama_server to hold them")
+        if settings.memory_select_tokens:
+            raise ValueError(f"memory_select_tokens={settings.memory_select_tokens} with --llama_server: llama.cpp's "
+                             "server has no setting for the question's selecting tokens (every token selects); use "
+                             "`llama-extrapolate serve` without --llama_server, or drop it")
         args += ["--memory-capacity", str(kwargs["memory_capacity"]), "--memory-type", kwargs["memory_type"]]
         if kwargs.get("memory_dir"):
             args += ["--memory-dir", kwargs["memory_dir"]]
