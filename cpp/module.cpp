@@ -11,11 +11,13 @@
 
 #include <llama-extrapolate.h>
 #include <ggml-backend.h>
+#include <ggml-rpc.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -422,6 +424,83 @@ py::list backend_devices() {
     return out;
 }
 
+// llama.cpp's RPC backend (ggml-rpc), reached through its registry entry so that a library built without it still
+// loads; its functions are looked up by name, as llama.cpp's --rpc does
+ggml_backend_reg_t rpc_registry() {
+    ggml_backend_reg_t reg = ggml_backend_reg_by_name("RPC");
+    if (reg == nullptr) {
+        throw std::runtime_error("the library was built without ggml's RPC backend: reinstall with "
+                                 "CMAKE_ARGS=\"-DGGML_RPC=ON\" pip install . (the default build has it)");
+    }
+    return reg;
+}
+
+// the connections to RPC servers this process lost (patch 0016): how many, and the last one's message naming the server
+std::pair<size_t, std::string> rpc_failure() {
+    using failure_t = size_t (*)(char *, size_t);
+    auto failure = reinterpret_cast<failure_t>(
+        ggml_backend_reg_get_proc_address(rpc_registry(), "ggml_backend_rpc_failure"));
+    if (failure == nullptr) {
+        throw std::runtime_error("ggml's RPC backend has no ggml_backend_rpc_failure (patch 0016)");
+    }
+    char message[512];
+    size_t count = failure(message, sizeof(message));
+    return {count, std::string(message)};
+}
+
+// registers the devices of one rpc-server (endpoint "host:port"), once per endpoint, and returns their names;
+// the caller has checked that the server answers: ggml-rpc aborts the process when it cannot connect
+std::vector<std::string> rpc_add_server(const std::string & endpoint) {
+    using add_server_t = ggml_backend_reg_t (*)(const char *);
+    auto add_server = reinterpret_cast<add_server_t>(
+        ggml_backend_reg_get_proc_address(rpc_registry(), "ggml_backend_rpc_add_server"));
+    if (add_server == nullptr) {
+        throw std::runtime_error("ggml's RPC backend has no ggml_backend_rpc_add_server");
+    }
+    const size_t failures_before = rpc_failure().first;
+    ggml_backend_reg_t reg = nullptr;
+    {
+        py::gil_scoped_release release;
+        reg = add_server(endpoint.c_str());
+    }
+    if (reg == nullptr) {
+        auto failure = rpc_failure();
+        if (failure.first > failures_before) {
+            throw std::runtime_error(failure.second);
+        }
+        throw std::runtime_error("the RPC server at " + endpoint + " offers no device");
+    }
+    bool registered = false;
+    for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+        registered = registered || ggml_backend_reg_get(i) == reg;
+    }
+    if (!registered) {
+        ggml_backend_register(reg);
+    }
+    std::vector<std::string> names;
+    for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) {
+        names.push_back(ggml_backend_dev_name(ggml_backend_reg_dev_get(reg, i)));
+    }
+    return names;
+}
+
+// serves this process's CPU device to RPC clients at endpoint until the process ends (ggml-rpc's server loop: one
+// client at a time); returns only when the server cannot start
+void rpc_serve(const std::string & endpoint, size_t n_threads, const std::string & cache_dir) {
+    using start_server_t = void (*)(const char *, const char *, size_t, size_t, ggml_backend_dev_t *);
+    auto start_server = reinterpret_cast<start_server_t>(
+        ggml_backend_reg_get_proc_address(rpc_registry(), "ggml_backend_rpc_start_server"));
+    if (start_server == nullptr) {
+        throw std::runtime_error("ggml's RPC backend has no ggml_backend_rpc_start_server");
+    }
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (cpu == nullptr) {
+        throw std::runtime_error("no CPU device to serve");
+    }
+    py::gil_scoped_release release;
+    start_server(endpoint.c_str(), cache_dir.empty() ? nullptr : cache_dir.c_str(), n_threads, 1, &cpu);
+}
+
 } // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -446,6 +525,15 @@ PYBIND11_MODULE(_core, m) {
           }, "the ggml backends the library was built with (e.g. CPU, Vulkan), whether a device is visible or not");
     m.def("backend_devices", &backend_devices,
           "the devices ggml offers in this process: [{name, description, type, backend}], in offload order");
+    m.def("rpc_add_server", &rpc_add_server, py::arg("endpoint"),
+          "register the devices of the rpc-server at endpoint (host:port) for the models loaded after; their names");
+    m.def("rpc_protocol", [] {
+              return std::make_tuple(RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION, RPC_PROTO_PATCH_VERSION);
+          }, "the ggml RPC protocol version (major, minor, patch) this library speaks");
+    m.def("rpc_failure", &rpc_failure,
+          "(count, message): the connections to RPC servers this process lost, the last one's message naming it");
+    m.def("rpc_serve", &rpc_serve, py::arg("endpoint"), py::arg("n_threads"), py::arg("cache_dir") = "",
+          "serve this process's CPU to RPC clients at endpoint (host:port); returns only if the server cannot start");
     m.def("api_address", [] { return reinterpret_cast<std::uintptr_t>(&llama_ext_api_version); },
           "address of llama_ext_api_version in this process (to check that two bindings share one library)");
     m.def("context_info", &context_info, py::arg("ctx_address"),

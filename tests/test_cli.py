@@ -147,7 +147,7 @@ def test_run_passages_read_every_key_of_the_selected_blocks(default_model, given
 
 def test_shared_options_are_declared_once():
     """Each shared option has one definition: the same help text in every command that takes it (calibrate's
-    --corpus is its own: it reads only the essays)."""
+    --corpus is its own: it reads only the essays; rpc-server's --threads compute other machines' layers)."""
     from llama_extrapolate import cli
 
     helps = {}
@@ -155,7 +155,7 @@ def test_shared_options_are_declared_once():
         for action in cmd._actions:
             for flag in action.option_strings:
                 if flag in ("--model", "--n-batch", "--threads", "--sinks", "--window", "--corpus") and (
-                        name != "calibrate" or flag != "--corpus"):
+                        name != "calibrate" or flag != "--corpus") and name != "rpc-server":
                     helps.setdefault(flag, set()).add(action.help)
     assert set(helps) == {"--model", "--n-batch", "--threads", "--sinks", "--window", "--corpus"}
     assert all(len(h) == 1 for h in helps.values()), helps

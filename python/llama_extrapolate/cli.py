@@ -257,8 +257,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet:
         for note in notes:
             print(f"[{note}]", file=sys.stderr)
+    offload = {}
+    if args.rpc is not None:
+        offload = dict(rpc_servers=args.rpc, n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers)
+    elif args.n_gpu_layers is not None:
+        offload = dict(n_gpu_layers=args.n_gpu_layers)
     llm = Llama(model, attention=attention, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                verbose=False, **thread_counts(args.threads), **memory)
+                verbose=False, **thread_counts(args.threads), **memory, **offload)
     try:
         if resolved.memory and not args.quiet:
             # what the reading will take, said before it starts (the file is reserved: a disk too small was refused)
@@ -294,6 +299,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     finally:
         llm.close()
     return 0
+
+
+def _cmd_rpc_server(args: argparse.Namespace) -> int:
+    from . import rpc
+
+    rpc.serve(args.host, args.port, threads=args.threads, cache_dir=args.cache_dir)
+    return 1  # (serve returns only by raising)
 
 
 def _cmd_nll(args: argparse.Namespace) -> int:
@@ -531,8 +543,25 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
                    help=f"with --state: seconds of reading between checkpoints (default "
                         f"{DEFAULT_CHECKPOINT_SECONDS:g}; 0: the state after the document only)")
+    r.add_argument("--rpc", metavar="HOST:PORT,...", help="llama.cpp RPC servers (llama-extrapolate rpc-server on "
+                   "each machine) that take the model's layers; the attention with the document memory stays here")
+    r.add_argument("--n-gpu-layers", type=int, help="layers offloaded to the RPC servers or a GPU (default: all "
+                   "with --rpc, else none; -1: all)")
     r.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     r.set_defaults(func=_cmd_run)
+
+    rs = sub.add_parser("rpc-server", help="offer this machine's CPU to llama.cpp RPC clients (run --rpc, serve "
+                                           "--rpc_servers) until stopped",
+                        description="Serves one client at a time, with llama.cpp's RPC protocol (the same as "
+                                    "llama.cpp's rpc-server). It has no authentication: listen on a trusted network "
+                                    "only.")
+    rs.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for "
+                    "every interface)")
+    rs.add_argument("--port", type=int, default=50052, help="port (default 50052, llama.cpp's)")
+    rs.add_argument("--threads", type=int, help="CPU threads for the layers (default: every core)")
+    rs.add_argument("--cache-dir", help="directory where the server keeps large tensors it was sent, by hash, so a "
+                    "client that loads the same model again sends their hashes instead")
+    rs.set_defaults(func=_cmd_rpc_server)
 
     n = sub.add_parser("nll", parents=[model, text, lam, compute, report],
                        help="streaming negative log-likelihood by position, several configurations",
@@ -643,7 +672,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     interrupt.clear()
     try:
         return args.func(args)
-    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+    except (FileNotFoundError, ValueError, RuntimeError, ConnectionError) as exc:
         print(f"llama-extrapolate {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

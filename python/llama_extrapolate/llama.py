@@ -22,6 +22,7 @@ from . import logs, native
 from .config import AttentionConfig, ResolvedAttention, Temperature
 from .options import DEFAULT_CHECKPOINT_SECONDS, memory_type_for
 from .native import context_address
+from .rpc import DEFAULT_ANSWER_TIMEOUT
 from .history import TokenHistory
 from .model_info import InvalidModelError, knob_support, read_model_info
 
@@ -66,8 +67,11 @@ class Llama(llama_cpp.Llama):
                  memory_type: Optional[str] = None, memory_capacity: Optional[int] = None, memory_reopen: bool = False,
                  question_tokens: Optional[int] = None, memory_answer: str = "select",
                  memory_select_tokens: Optional[int] = None, checkpoint_path: Optional[str] = None,
-                 checkpoint_every: float = DEFAULT_CHECKPOINT_SECONDS, **kwargs: Any) -> None:
+                 checkpoint_every: float = DEFAULT_CHECKPOINT_SECONDS, rpc_servers: Any = None,
+                 rpc_timeout: float = DEFAULT_ANSWER_TIMEOUT, **kwargs: Any) -> None:
         self.tokens_decoded = 0  # every token eval decoded, prompts and answers
+        self.rpc_devices: list = []  # the RPC servers' devices this model's layers may be on
+        self._rpc_failures = 0  # lost RPC connections of the process seen so far (patch 0016)
         self._checkpoints = None  # a long prompt's reading saved as it goes (checkpoint_path)
         self._memory_reopened = False  # a kept memory file reopened, not yet restored or cleared
         self.last_prompt: Optional[PromptReport] = None
@@ -114,10 +118,12 @@ class Llama(llama_cpp.Llama):
             )
         user.update(r.kv_overrides(self.model_info.architecture, temperature=False))
 
+        self.rpc_devices = self._add_rpc_servers(rpc_servers, kwargs, rpc_timeout)
         mark = logs.error_mark()
         try:
             super().__init__(model_path, kv_overrides=user, **kwargs)
         except ValueError as exc:
+            self._check_rpc()
             reason = logs.errors_since(mark) or "run with verbose=True to see llama.cpp's log"
             if str(exc).startswith("Failed to load model"):
                 raise InvalidModelError(f"{model_path}: llama.cpp could not load the model (tensors missing or not "
@@ -134,6 +140,12 @@ class Llama(llama_cpp.Llama):
             self._unbounded_stream = False
             return
 
+        if self.rpc_devices:
+            placed = self.devices()["layers"]
+            if not set(placed) & set(self.rpc_devices):
+                raise RuntimeError(f"rpc_servers: no layer went to the RPC devices {self.rpc_devices} (layers on "
+                                   f"{sorted(set(placed))}): n_gpu_layers={kwargs.get('n_gpu_layers')} offloads none "
+                                   "there")
         loaded = native.model_attention(self)
         expected = self.attention_resolved
         if (loaded["n_sink"], loaded["n_window"], loaded["n_ceiling"], loaded["n_rollback"], loaded["n_top_k"]) != (
@@ -171,6 +183,46 @@ class Llama(llama_cpp.Llama):
             self.input_ids = TokenHistory()
             self._n_ctx = UNBOUNDED_CONTEXT
             self._guard_rollbacks()
+
+    def _add_rpc_servers(self, servers: Any, kwargs: dict, rpc_timeout: float) -> list:
+        """The devices of llama.cpp's RPC servers at ``servers`` ("host:port,..."), registered for this model, which
+        offloads every layer to them unless n_gpu_layers says how many (llama.cpp fills the RPC devices first).
+        The document memory reads its blocks from a KV cache in this machine's memory: with it the cache stays here
+        (offload_kqv=False) and the attention is computed here, the layers' products on the servers."""
+        if servers is None or servers == "" or servers == []:
+            return []
+        from . import rpc
+
+        if self.vocab_only:
+            raise ValueError("rpc_servers with vocab_only=True: a tokenizer-only load has no layers to offload")
+        layers = kwargs.setdefault("n_gpu_layers", -1)
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers == 0:
+            raise ValueError(f"n_gpu_layers={layers!r} with rpc_servers offloads no layer to them: give the number "
+                             "of layers to offload (-1 or leave it out: all)")
+        if self.attention_resolved.memory:
+            if kwargs.get("offload_kqv", True):
+                if "offload_kqv" in kwargs:
+                    raise ValueError("offload_kqv=True with the document memory and rpc_servers: the memory reads "
+                                     "its blocks from a KV cache in this machine's memory; use offload_kqv=False "
+                                     "(or leave it out)")
+                kwargs["offload_kqv"] = False
+        self._rpc_failures = native.rpc_failure()[0]
+        return rpc.add_servers(servers, answer_timeout=rpc_timeout)
+
+    def _check_rpc(self) -> None:
+        """A lost RPC server (patch 0016) completes what was sent to it with zeroed answers and fails the next
+        graph computation: a decode in which it was lost returned logits that are not the model's. Raised here,
+        after every decode, before anything reads them."""
+        if not self.rpc_devices:
+            return
+        from . import rpc
+
+        count, message = native.rpc_failure()
+        if count > self._rpc_failures:
+            self._rpc_failures = count
+            raise rpc.RPCServerError(f"{message}: this model's stream cannot go on; restart the server and load the "
+                                     "model again (a reading checkpointed with --state or checkpoint_path goes on "
+                                     "from its last checkpoint)")
 
     def _check_memory_answer(self, mode: str) -> str:
         """``memory_answer``: "select" (every decode selects the memory's blocks anew) or "hold" (a decode of two
@@ -552,7 +604,12 @@ class Llama(llama_cpp.Llama):
                     f"top_k={self.attention_resolved.top_k} keeps every key in the cache, and "
                     f"{self.n_tokens + len(tokens)} tokens exceed n_ctx={self._n_ctx}: raise n_ctx to the "
                     "document length (plus the answer), or use top_k=0 for a bounded cache")
-            super().eval(tokens)
+            try:
+                super().eval(tokens)
+            except RuntimeError:
+                self._check_rpc()
+                raise
+            self._check_rpc()
             self.tokens_decoded += len(tokens)
             return
         if self._logits_all and self.n_tokens + len(tokens) > self.scores.shape[0]:
@@ -570,10 +627,12 @@ class Llama(llama_cpp.Llama):
             try:
                 self._ctx.decode(self._batch)
             except RuntimeError as exc:
+                self._check_rpc()
                 why = native.memory_last_error(self._attention_context("eval"))
                 if why:
                     raise RuntimeError(f"{exc}: document memory: {why}") from None
                 raise
+            self._check_rpc()
             self.input_ids[n_past:n_past + n] = batch
             if self._logits_all:
                 logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,))

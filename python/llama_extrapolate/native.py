@@ -250,6 +250,27 @@ def stats_enabled(llm: Any) -> bool:
 
 
 # --- the KV cache -------------------------------------------------------------------------------
+# --- llama.cpp's RPC backend (rpc.py) -------------------------------------------------------------
+def rpc_protocol() -> Tuple[int, int, int]:
+    return tuple(_core.rpc_protocol())
+
+
+def rpc_add_server(endpoint: str) -> List[str]:
+    """Registers the devices of the server at ``endpoint`` (checked by rpc.probe first: ggml-rpc cannot be asked
+    whether a server answers); their names."""
+    return list(_core.rpc_add_server(endpoint))
+
+
+def rpc_failure() -> Tuple[int, str]:
+    """(count, message) of the RPC connections this process lost (patch 0016)."""
+    count, message = _core.rpc_failure()
+    return int(count), str(message)
+
+
+def rpc_serve(endpoint: str, n_threads: int, cache_dir: str) -> None:
+    _core.rpc_serve(endpoint, n_threads, cache_dir)
+
+
 def n_cells(ctx) -> int:
     """Cells of the context's KV cache (its n_ctx)."""
     return int(llama_cpp.llama_n_ctx(ctx))

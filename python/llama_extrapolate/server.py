@@ -360,6 +360,9 @@ def llama_server_args(settings: ExtrapolateSettings) -> List[str]:
     if settings.checkpoint_path is not None:
         raise ValueError("checkpoint_path with --llama_server: llama.cpp's server reads a prompt without checkpoints; "
                          "use `llama-extrapolate serve` without --llama_server to checkpoint long readings")
+    if settings.rpc_servers:
+        raise ValueError(f"rpc_servers={settings.rpc_servers!r} with --llama_server: the llama-server built here has no "
+                         "RPC backend; use `llama-extrapolate serve` without --llama_server for layers on RPC servers")
     args = ["-m", built["model"], "-c", str(built["n_ctx"]), "-np", "1", "-fa", "off",
             "-b", str(settings.n_batch), "-ub", str(min(settings.n_ubatch, settings.n_batch)),
             "--host", settings.host, "--port", str(settings.port)]
