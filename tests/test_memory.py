@@ -800,7 +800,7 @@ def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_p
     assert "68512" in out.out, out.out
     assert "memory" in out.err and "selected per head" in out.err and "MiB on disk" in out.err
     # said before the reading: the store's reservation, and that the answer holds the question's blocks (default)
-    assert "GiB reserved on disk for" in out.err and "KiB a token, q4_0" in out.err, out.err
+    assert "GiB reserved on disk for" in out.err and "KiB a token, q8_0" in out.err, out.err  # SmolLM2: the small q8_0 store
     assert "the answer holds the blocks its question selected" in out.err, out.err
     rc = cli.main(["run", "--file", str(doc), "--prompt", question, "--window", "1024", "--no-chat",
                    "--max-tokens", "16", "--threads", "2", "--memory-answer", "select", "--memory-select-tokens", "4"])

@@ -56,3 +56,25 @@ def test_labels_of_stored_names():
         NamedConfig("lambda+memory", memory_blocks=64, memory_candidates=0, memory_type="q5_1")
     with pytest.raises(ValueError, match="spell a memory as lambda\\+memory"):
         NamedConfig.parse("lambda+memory:x")
+
+
+def test_the_memorys_store_is_q8_0_where_it_is_small_and_q4_0_where_disk_asks_for_it(default_model):
+    """q4_0 lost SmolLM2's needle at 32k (1 of 5 depths, q8_0 4 of 5): the default store is q8_0 where a token's
+    keys and values take at most 64 KiB in it (SmolLM2: 30 layers x 3 KV heads x 64 values x 2 x 34/32 bytes), q4_0
+    beyond (Llama-2-7B's 32 x 32 x 128: 272 KiB a token, 34 GiB at 128k tokens), f16 for heads q4_0/q8_0 cannot
+    take (not a multiple of 32 values)."""
+    from dataclasses import replace
+
+    import llama_extrapolate as le
+    from llama_extrapolate.options import memory_store_bytes_per_token, memory_type_for
+
+    info = le.read_model_info(str(default_model))
+    assert memory_store_bytes_per_token(info, "q8_0") == 30 * 3 * 64 * 2 * 34 // 32
+    assert memory_store_bytes_per_token(info, "q4_0") == 30 * 3 * 64 * 2 * 18 // 32
+    assert memory_type_for(info) == "q8_0"
+    assert memory_type_for(info, "q4_0") == "q4_0"  # asked for
+    wide = replace(info, block_count=32, head_count_kv=32, key_length=128)
+    assert memory_store_bytes_per_token(wide, "q8_0") == 272 * 1024 and memory_type_for(wide) == "q4_0"
+    per_layer = replace(info, head_count_kv=[3] * 30)  # a list of each layer's KV heads counts alike
+    assert memory_store_bytes_per_token(per_layer, "q8_0") == memory_store_bytes_per_token(info, "q8_0")
+    assert memory_type_for(replace(info, key_length=80)) == "f16"

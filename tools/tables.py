@@ -622,7 +622,10 @@ SHAPE_LABELS = {  # bench/kv_shapes.py's shapes as the README names the models w
 }
 
 
-DEFAULT_STORE_SUFFIX = ":q4_0"  # the store run and serve use since it became the default (options.DEFAULT_MEMORY_STORE)
+# the stores run and serve use (options.memory_type_for): q4_0 for the wide models (the shape models' rows), q8_0
+# where a token's q8_0 store is small (every registry model's)
+DEFAULT_STORE_SUFFIX = ":q4_0"
+SMALL_STORE_SUFFIX = ":q8_0"
 
 
 def scale_readings(r: Path) -> List[dict]:
@@ -741,6 +744,17 @@ def table_model_qa(r: Path) -> str:
     return md(["model", "length", "qa_1 (samples)", "qa_2 (samples)", "mean", "reading tok/s", "answer s"], rows)
 
 
+def table_reading_speed(r: Path) -> str:
+    """Reading a document with the memory against the model's own 512-token prompt speed (bench/reading_speed.py):
+    rule (b) of `run`'s window asks for a ratio of at least 2/3."""
+    d = load("reading_speed.json", r)
+    rows = [[run["model"].removesuffix(".gguf"), str(run["window"]), run["config"], k(run["tokens"]),
+             f(run["tok_s"], 0), f(run["prompt"]["tok_s"], 0), f(run["ratio"], 2),
+             "yes" if run["ratio"] >= d["rule"] else "no"] for run in d["runs"]]
+    return md(["model", "window", "memory", "read", "reading tok/s", "512-token prompt tok/s", "ratio",
+               "≥ 2/3"], rows)
+
+
 RULER_FAMILIES = (("needles", "niah_"), ("aggregation", ("vt", "cwe")), ("QA", "qa_"))
 
 
@@ -764,7 +778,7 @@ def ruler_status(r: Path, link) -> str:
     samples = min(len(v) for (_, c, _), v in scores.items() if c == names[0])
     full_cwe = [x for (_, c, task), v in scores.items() if c == "vanilla" and task == "cwe" for x in v]
     caveat = "; the model finds no common words with full attention either" if full_cwe and max(full_cwe) == 0 else ""
-    return ("memory / full attention / Λ alone, " + link("; ".join(at), "ruler")
+    return ("memory (q4_0 store) / full attention / Λ alone, " + link("; ".join(at), "ruler")
             + f" ({samples} samples a task{caveat})")
 
 
@@ -789,15 +803,16 @@ def table_status(r: Path) -> str:
     qwen = load("memory_needle_qwen2.5-coder-0.5b.json", r)["trials"]
     needle = load("memory_needle.json", r)["trials"]
     passkey = load("memory_passkey.json", r)["trials"]
-    default = "lambda+memory:m=64:c=1024"  # the q8_0 store (a name without a type), the default before q4_0
-    q4 = default + DEFAULT_STORE_SUFFIX
-    memory = ("Qwen2.5-Coder-0.5B finds the needle "
-              + link(f"{_found(qwen, q4, 65536)} at 64k", "document-memory")
-              + f" with the default q4_0 store ({_found(qwen, q4, 16384)} at 16k, {_found(qwen, q4, 32768)} at 32k), "
-              f"{_found(qwen, default, 131072)} at 128k with q8_0; SmolLM2 "
-              + link(f"{_found(needle, default, 32768)} at 32k", "document-memory")
-              + f" (q8_0), pass keys {_found(passkey, q4, 32768)} at 32k with q4_0 (the miss at depth 1 is the "
-              "model's), " + link(f"{_found(passkey, 'lambda+memory:m=16', 131072)} at 128k", "document-memory")
+    default = "lambda+memory:m=64:c=1024"  # the q8_0 store (a name without a type): these models' default store
+    q4, q8 = default + DEFAULT_STORE_SUFFIX, default + SMALL_STORE_SUFFIX
+    memory = ("with their default q8_0 store Qwen2.5-Coder-0.5B finds the needle "
+              + link(f"{_found(qwen, default, 131072)} at 128k", "document-memory")
+              + f" ({_found(qwen, default, 32768)} at 32k, {_found(qwen, default, 65536)} at 64k; q4_0 "
+              f"{_found(qwen, q4, 65536)} at 64k), SmolLM2 "
+              + link(f"{_found(needle, q8, 32768)} at 32k", "document-memory")
+              + f" (q4_0 {_found(needle, q4, 32768)}); SmolLM2's pass keys {_found(passkey, q4, 32768)} at 32k with "
+              "q4_0 (the miss at depth 1 is the model's), "
+              + link(f"{_found(passkey, 'lambda+memory:m=16', 131072)} at 128k", "document-memory")
               + " with 16 blocks, bound only")
 
     cost = load("memory_cost.json", r)["runs"]
@@ -806,7 +821,7 @@ def table_status(r: Path) -> str:
     memory_cost = ("at 128k: peak RSS " + link(f"{run['peak_rss_ratio']:.2f}×", "document-memory")
                    + f" the bounded stream, first answer token {e['question_s']:.1f} s, "
                    f"{e['answer_tok_s']:.1f} tokens/s, {e['disk_bytes_per_token'] / 1000:.1f} KB/token on disk "
-                   "(the q8_0 store, before q4_0 became the default)")
+                   "(the q8_0 store)")
 
     scale = scale_readings(r)
     big = max(scale, key=lambda x: x["tokens"])
@@ -925,6 +940,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "server-ttft": table_server_ttft,
     "ruler": table_ruler,
     "model-qa": table_model_qa,
+    "reading-speed": table_reading_speed,
     "status": table_status,
 }
 
@@ -938,7 +954,7 @@ AREAS: Dict[str, List[str]] = {
                "memory-needle-blocks", "memory-needle-selection", "memory-rss-phases", "memory-cost", "memory-step",
                "memory-scale", "memory-resume"],
     "server": ["server-ttft"],
-    "ruler": ["ruler", "model-qa"],
+    "ruler": ["ruler", "model-qa", "reading-speed"],
     "readme": ["status", "sizing"],
 }
 

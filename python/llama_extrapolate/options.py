@@ -116,25 +116,49 @@ def model_path(model: Optional[str]) -> str:
     return registry_path(model) if model is not None else str(default_model_path())
 
 
-# the document memory's store when not told, for heads of a multiple of 32 values: q4_0 takes 18 bytes per 32 values
-# where q8_0 takes 34 (Llama-2-7B's shapes at 128k tokens: 16.4 GB against 30.8) and halves the keys the question's
-# rerank reads, and kept the retrieval of the q8_0 store (Qwen2.5-Coder's needle at 16k, 32k and 64k, SmolLM2's
-# passkey at 16k and 32k: docs/results.md)
-DEFAULT_MEMORY_STORE = "q4_0"
+# the document memory's store when not told, for heads of a multiple of 32 values: q8_0 (34 bytes per 32 values)
+# where its keys and values take at most SMALL_STORE_BYTES_PER_TOKEN a token (8 GiB at 128k tokens: every model up to
+# Qwen2.5-Coder-1.5B's and SmolLM2's widths, 6-15 KiB), else q4_0 (18 bytes: Llama-2-7B's shapes at 128k tokens 16.4
+# GB against 30.8, and half the keys the question's rerank reads). q4_0 kept Qwen2.5-Coder's needle (16k, 32k, 64k)
+# and SmolLM2's pass key (16k, 32k), but lost SmolLM2's needle at 32k: 1 of 5 depths against 4 of 5 with q8_0 on
+# the same reading settings (docs/results.md), so the smaller store is taken only where disk asks for it
+DEFAULT_MEMORY_STORE = "q4_0"  # the store of the wide models (SMALL_STORE_BYTES_PER_TOKEN)
+SMALL_MEMORY_STORE = "q8_0"
+SMALL_STORE_BYTES_PER_TOKEN = 64 * 1024
 # what a configuration name without a store type runs with (lambda+memory:m=64:c=1024): the q8_0 store the stored
 # results under such names were measured with, so that a name keeps meaning what it measured
 NAMED_CONFIG_STORE = "q8_0"
 
 
-def memory_type_for(info: "ModelInfo", quantized: str = DEFAULT_MEMORY_STORE) -> str:
-    """How the memory stores keys and values when not told: ``quantized`` takes 32 values at a time, so a head of
-    another size is stored in f16. The head is the key head (attention.key_length where the file states it, as
-    Gemma 3's and the KV-shape models' do), not the residual stream's width over the heads."""
+def memory_store_bytes_per_token(info: "ModelInfo", type_name: str) -> int:
+    """Bytes a token's keys and values take in a store of ``type_name`` (q8_0: 34 per 32 values, q4_0: 18, f16: 2
+    a value) over every layer and KV head, as the store is sized."""
+    kv = info.head_count_kv  # one count for every layer, or a list of each layer's
+    heads = sum(int(n) for n in kv) if isinstance(kv, list) else int(kv) * int(info.block_count)
+    values = 2 * heads * _key_head(info)
+    per_value = {"q8_0": 34 / 32, "q4_0": 18 / 32, "f16": 2.0, "f32": 4.0}[type_name]
+    return int(values * per_value)
+
+
+def _key_head(info: "ModelInfo") -> int:
     head = info.key_length
     if head is None:
         n_head = info.head_count if isinstance(info.head_count, int) else max(info.head_count)
         head = int(info.embedding_length or 0) // max(1, int(n_head or 1))
-    return quantized if head % 32 == 0 else "f16"
+    return int(head)
+
+
+def memory_type_for(info: "ModelInfo", quantized: Optional[str] = None) -> str:
+    """How the memory stores keys and values when not told: ``quantized`` if given, else q8_0 where that store is
+    small (SMALL_STORE_BYTES_PER_TOKEN) and q4_0 beyond; both take 32 values at a time, so a head of another size is
+    stored in f16. The head is the key head (attention.key_length where the file states it, as Gemma 3's and the
+    KV-shape models' do), not the residual stream's width over the heads."""
+    if _key_head(info) % 32 != 0:
+        return "f16"
+    if quantized is not None:
+        return quantized
+    small = memory_store_bytes_per_token(info, SMALL_MEMORY_STORE) <= SMALL_STORE_BYTES_PER_TOKEN
+    return SMALL_MEMORY_STORE if small else DEFAULT_MEMORY_STORE
 
 
 @dataclass(frozen=True)
