@@ -33,18 +33,18 @@ DEFAULT_MEMORY = "lambda+memory:m=64:c=1024"  # run's default memory (m = 64, c 
 
 
 def essay_tokens(model: str, n: int) -> list:
+    """The first n tokens of the essays, cycled past their end as the soak's (performance.py's essay_tokens), by a
+    vocabulary-only load of the model."""
+    sys.path.insert(0, str(HERE))
+    from performance import essay_tokens as cycled
+
     from llama_extrapolate import native
-    from llama_extrapolate.harness.corpora import paul_graham_essays
 
     vocab = native.load_tokenizer(model)
     try:
-        text = paul_graham_essays().encode("utf-8")
-        tokens = vocab.tokenize(text, add_bos=True)
-        while len(tokens) < n:  # the essays again, as the soak and scale streams cycle them
-            tokens += vocab.tokenize(text, add_bos=False)
+        return cycled(vocab, n)
     finally:
         vocab.close()
-    return tokens[:n]
 
 
 def prompt_speed(model: str, tokens: list, repeats: int, threads: int) -> dict:

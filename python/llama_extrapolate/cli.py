@@ -257,11 +257,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet:
         for note in notes:
             print(f"[{note}]", file=sys.stderr)
-    offload = {}
-    if args.rpc is not None:
-        offload = dict(rpc_servers=args.rpc, n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers)
-    elif args.n_gpu_layers is not None:
-        offload = dict(n_gpu_layers=args.n_gpu_layers)
+    # (with rpc_servers and no n_gpu_layers Llama offloads every layer)
+    offload = {k: v for k, v in (("rpc_servers", args.rpc), ("n_gpu_layers", args.n_gpu_layers)) if v is not None}
     llm = Llama(model, attention=attention, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                 verbose=False, **thread_counts(args.threads), **memory, **offload)
     try:

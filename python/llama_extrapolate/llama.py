@@ -200,12 +200,11 @@ class Llama(llama_cpp.Llama):
             raise ValueError(f"n_gpu_layers={layers!r} with rpc_servers offloads no layer to them: give the number "
                              "of layers to offload (-1 or leave it out: all)")
         if self.attention_resolved.memory:
-            if kwargs.get("offload_kqv", True):
-                if "offload_kqv" in kwargs:
-                    raise ValueError("offload_kqv=True with the document memory and rpc_servers: the memory reads "
-                                     "its blocks from a KV cache in this machine's memory; use offload_kqv=False "
-                                     "(or leave it out)")
-                kwargs["offload_kqv"] = False
+            if kwargs.get("offload_kqv"):
+                raise ValueError("offload_kqv=True with the document memory and rpc_servers: the memory reads its "
+                                 "blocks from a KV cache in this machine's memory; use offload_kqv=False (or leave "
+                                 "it out)")
+            kwargs["offload_kqv"] = False
         self._rpc_failures = native.rpc_failure()[0]
         return rpc.add_servers(servers, answer_timeout=rpc_timeout)
 

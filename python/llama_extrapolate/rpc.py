@@ -94,10 +94,7 @@ def probe(endpoint: Endpoint, timeout: float = PROBE_TIMEOUT) -> Tuple[int, int,
             sock.settimeout(timeout)
             sock.sendall(bytes([RPC_CMD_HELLO]) + struct.pack("<Q", CONN_CAPS_SIZE) + bytes(CONN_CAPS_SIZE))
             (size,) = struct.unpack("<Q", _receive(sock, 8))
-            if size != HELLO_ANSWER:
-                raise RPCServerError(f"RPC server {endpoint} answered HELLO with {size} bytes, not {HELLO_ANSWER}: "
-                                     "it is not a ggml RPC server of this protocol")
-            major, minor, patch = _receive(sock, HELLO_ANSWER)[:3]
+            answer = _receive(sock, HELLO_ANSWER) if size == HELLO_ANSWER else None
     except socket.gaierror as e:
         raise RPCServerError(f"RPC server {endpoint}: the host {endpoint.host!r} is unknown ({e.strerror}): check "
                              "the name or give its address") from None
@@ -110,6 +107,10 @@ def probe(endpoint: Endpoint, timeout: float = PROBE_TIMEOUT) -> Tuple[int, int,
                              "time (is another process using it?), or a firewall drops the connection") from None
     except OSError as e:
         raise RPCServerError(f"RPC server {endpoint}: {e.strerror or e}") from None
+    if answer is None:  # (raised out here: RPCServerError is an OSError, which the handlers above would rewrap)
+        raise RPCServerError(f"RPC server {endpoint} answered HELLO with {size} bytes, not {HELLO_ANSWER}: "
+                             "it is not a ggml RPC server of this protocol")
+    major, minor, patch = answer[:3]
     want = native.rpc_protocol()
     if major != want[0] or minor > want[1]:
         raise RPCServerError(f"RPC server {endpoint} speaks protocol {major}.{minor}.{patch}, this library "
