@@ -59,12 +59,16 @@ def tokenizer_fields(model_path: str) -> dict:
     return out
 
 
-def write(name: str, path: Path, tokenizer_from: str, seed: int = 0) -> Path:
-    """Write the shape model ``name`` (a key of SHAPES) to ``path`` in F16, with ``tokenizer_from``'s vocabulary."""
+def write(name: str, path: Path, tokenizer_from: str, seed: int = 0, n_embd: int = N_EMBD) -> Path:
+    """Write the shape model ``name`` (a key of SHAPES) to ``path`` in F16, with ``tokenizer_from``'s vocabulary.
+    ``n_embd``: the residual stream's width (what crosses between machines when the layers are split: the RPC
+    benchmark measures it at two widths)."""
     import gguf
 
     if name not in SHAPES:
         raise ValueError(f"unknown shape {name!r}: use one of {', '.join(SHAPES)}")
+    if n_embd < 32 or n_embd % 32:
+        raise ValueError(f"n_embd={n_embd}: give a multiple of 32 (at least 32)")
     shape = SHAPES[name]
     tok = tokenizer_fields(tokenizer_from)
     n_vocab = len(tok["tokenizer.ggml.tokens"][0])
@@ -78,7 +82,7 @@ def write(name: str, path: Path, tokenizer_from: str, seed: int = 0) -> Path:
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(f"{name}-kv-shapes")
     w.add_context_length(shape.context_length)
-    w.add_embedding_length(N_EMBD)
+    w.add_embedding_length(n_embd)
     w.add_block_count(shape.n_layer)
     w.add_feed_forward_length(N_FF)
     w.add_head_count(shape.n_head)
@@ -96,19 +100,19 @@ def write(name: str, path: Path, tokenizer_from: str, seed: int = 0) -> Path:
         else:
             w.add_key_value(key, value, types[0])
     q, kv = shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim
-    w.add_tensor("token_embd.weight", mat(n_vocab, N_EMBD))
-    w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-    w.add_tensor("output.weight", mat(n_vocab, N_EMBD))
+    w.add_tensor("token_embd.weight", mat(n_vocab, n_embd))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("output.weight", mat(n_vocab, n_embd))
     for il in range(shape.n_layer):
-        w.add_tensor(f"blk.{il}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        w.add_tensor(f"blk.{il}.attn_q.weight", mat(q, N_EMBD))
-        w.add_tensor(f"blk.{il}.attn_k.weight", mat(kv, N_EMBD))
-        w.add_tensor(f"blk.{il}.attn_v.weight", mat(kv, N_EMBD))
-        w.add_tensor(f"blk.{il}.attn_output.weight", mat(N_EMBD, q))
-        w.add_tensor(f"blk.{il}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        w.add_tensor(f"blk.{il}.ffn_gate.weight", mat(N_FF, N_EMBD))
-        w.add_tensor(f"blk.{il}.ffn_up.weight", mat(N_FF, N_EMBD))
-        w.add_tensor(f"blk.{il}.ffn_down.weight", mat(N_EMBD, N_FF))
+        w.add_tensor(f"blk.{il}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(f"blk.{il}.attn_q.weight", mat(q, n_embd))
+        w.add_tensor(f"blk.{il}.attn_k.weight", mat(kv, n_embd))
+        w.add_tensor(f"blk.{il}.attn_v.weight", mat(kv, n_embd))
+        w.add_tensor(f"blk.{il}.attn_output.weight", mat(n_embd, q))
+        w.add_tensor(f"blk.{il}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(f"blk.{il}.ffn_gate.weight", mat(N_FF, n_embd))
+        w.add_tensor(f"blk.{il}.ffn_up.weight", mat(N_FF, n_embd))
+        w.add_tensor(f"blk.{il}.ffn_down.weight", mat(n_embd, N_FF))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -122,6 +126,7 @@ def main(argv=None) -> int:
     ap.add_argument("-o", "--output", type=Path, help="the GGUF file to write")
     ap.add_argument("--tokenizer-from", help="a GGUF file whose vocabulary to use (default: the default model's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--n-embd", type=int, default=N_EMBD, help="the residual stream's width")
     ap.add_argument("--list", action="store_true", help="print the shapes and what one token's keys and values take")
     args = ap.parse_args(argv)
     if args.list or not args.shape:
@@ -136,7 +141,7 @@ def main(argv=None) -> int:
     if tokenizer_from is None:
         from llama_extrapolate.default_model import default_model_path
         tokenizer_from = str(default_model_path())
-    print(write(args.shape, args.output, tokenizer_from, args.seed))
+    print(write(args.shape, args.output, tokenizer_from, args.seed, args.n_embd))
     return 0
 
 

@@ -755,6 +755,65 @@ def table_reading_speed(r: Path) -> str:
                "≥ 2/3"], rows)
 
 
+def size(n: Optional[float]) -> str:
+    """Bytes as KB, MB or GB (decimal), three figures."""
+    if n is None:
+        return DASH
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def rpc_config(name: str, servers: int) -> str:
+    """Where the KV cache is: on the servers with Λ (llama.cpp offloads it with the layers), on the client with
+    the memory (which reads its blocks from it)."""
+    store = next((f", {t} store" for t in ("q4_0", "q8_0", "f16", "f32") if f":{t}" in name), "")
+    if not servers:
+        return "Λ" if name == "lambda" else f"memory (hold{store})"
+    return "Λ, cache on the servers" if name == "lambda" else f"memory (hold{store}), cache on the client"
+
+
+def table_rpc(r: Path) -> str:
+    """The layers over local RPC servers against all local (bench/rpc.py): speeds (the servers share the client's
+    2 cores), the bytes the loopback carried per token read and per answer token, the weights sent at load, the
+    servers' RAM growth and the client's peak RSS."""
+    d = load("rpc.json", r)
+    rows = []
+    for e in d["cells"]:
+        growth = [p - b for p, b in zip(e["server_peak_rss_bytes"], e["server_base_rss_bytes"])]
+        rows.append([e["model"], str(e["n_embd"]), k(e["tokens"]), str(e["servers"] or "local"),
+                     rpc_config(e["config"], e["servers"]),
+                     f(e["read_tok_s"], 0), f(e["first_token_s"], 2), f(e["answer_step_s"], 3),
+                     size(e["bytes_per_read_token"]) if e["servers"] else DASH,
+                     size(e["bytes_per_answer_token"]) if e["servers"] else DASH,
+                     size(e["bytes_load"]) if e["servers"] else DASH,
+                     size(max(growth)) if growth else DASH, size(e["client_peak_rss_bytes"])])
+    return md(["model", "residual width", "read", "servers", "configuration", "reading tok/s", "first token s",
+               "answer s/token", "network per read token", "per answer token", "at load", "server RAM growth (max)",
+               "client peak RSS"], rows)
+
+
+def table_rpc_70b(r: Path) -> str:
+    """Llama-3-70B (q4_0) over 2-4 machines (bench/rpc.py's projection): each server's weights and RAM beyond them,
+    the client's disk and memory RAM for a 128k-token document, and the network per token, fitted on the shape
+    model at two residual widths and taken at 8192 (a token's time on a 1 Gbit/s link beside it)."""
+    p = load("rpc.json", r)["projection_70b"]
+    rows = []
+    for row in p["rows"]:
+        per_read = row["bytes_per_read_token"]
+        memory = row["config"] != "lambda"
+        rows.append([str(row["servers"]), rpc_config(row["config"], row["servers"]), size(row["weights_per_server_bytes"]),
+                     size(row["server_ram_beyond_weights_bytes"]),
+                     size(row.get("client_disk_bytes")) if memory else DASH,
+                     size(row.get("client_memory_ram_bytes")) if memory else DASH,
+                     size(per_read), size(row["bytes_per_answer_token"]),
+                     f(per_read * 8 / 1e9 * 1e3, 1) if per_read is not None else DASH])
+    return md(["machines", "configuration", "weights per machine", "server RAM beyond weights",
+               f"client disk ({k(p['document_tokens'])} document)", "client memory RAM", "network per read token",
+               "per answer token", "ms per read token at 1 Gbit/s"], rows)
+
+
 RULER_FAMILIES = (("needles", "niah_"), ("aggregation", ("vt", "cwe")), ("QA", "qa_"))
 
 
@@ -941,6 +1000,8 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "ruler": table_ruler,
     "model-qa": table_model_qa,
     "reading-speed": table_reading_speed,
+    "rpc": table_rpc,
+    "rpc-70b": table_rpc_70b,
     "status": table_status,
 }
 
@@ -955,6 +1016,7 @@ AREAS: Dict[str, List[str]] = {
                "memory-scale", "memory-resume"],
     "server": ["server-ttft"],
     "ruler": ["ruler", "model-qa", "reading-speed"],
+    "rpc": ["rpc", "rpc-70b"],
     "readme": ["status", "sizing"],
 }
 
