@@ -210,8 +210,9 @@ py::dict model_devices(std::uintptr_t model_address) {
 }
 
 void memory_open(std::uintptr_t ctx_address, const std::string & path, const std::string & dir, bool keep, int type,
-                 uint64_t capacity, bool reopen) {
+                 uint64_t capacity, bool reopen, int axes) {
     llama_ext_memory_params p{};
+    p.axes     = axes;
     p.path     = path.c_str();
     p.dir      = dir.c_str();
     p.keep     = keep ? 1 : 0;
@@ -270,6 +271,18 @@ py::array_t<int32_t> memory_selection(std::uintptr_t ctx_address, int32_t il) {
     check_status(llama_ext_memory_get_selection(context_from_address(ctx_address), il, out.mutable_data(),
                                                 (size_t) out.size()), "llama_ext_memory_get_selection");
     return out;
+}
+
+py::tuple memory_axes(std::uintptr_t ctx_address, int32_t il) {
+    llama_ext_memory_info info{};
+    check_status(llama_ext_memory_get_info(context_from_address(ctx_address), &info), "llama_ext_memory_get_info");
+    py::array_t<float> axes({(py::ssize_t) info.n_kv, (py::ssize_t) info.head_dim, (py::ssize_t) info.head_dim});
+    const int32_t rc = llama_ext_memory_get_axes(context_from_address(ctx_address), il, axes.mutable_data(),
+                                                 (size_t) axes.size());
+    if (rc < 0) {
+        check_status(rc, "llama_ext_memory_get_axes");
+    }
+    return py::make_tuple(axes, rc == 1);
 }
 
 py::tuple memory_read_block(std::uintptr_t ctx_address, uint32_t ib, int32_t il, uint32_t g) {
@@ -562,9 +575,13 @@ PYBIND11_MODULE(_core, m) {
           "top-k middle keys from the next decode on (k = 0: off, distance 0: the default); needs a model loaded "
           "with attention.lambda.top_k > 0");
     m.def("memory_open", &memory_open, py::arg("ctx_address"), py::arg("path"), py::arg("dir"), py::arg("keep"),
-          py::arg("type"), py::arg("capacity"), py::arg("reopen") = false,
+          py::arg("type"), py::arg("capacity"), py::arg("reopen") = false, py::arg("axes") = 0,
           "open the document memory's store before the first decode (reopen: a kept file as an earlier context left "
-          "it, for a state that references its blocks)");
+          "it, for a state that references its blocks; axes: 0 the block summaries along the key channels, 1 along "
+          "the principal axes of the document's first keys)");
+    m.def("memory_axes", &memory_axes, py::arg("ctx_address"), py::arg("layer"),
+          "([n_kv, head_dim, head_dim] axes of the layer's block summaries, one a row; whether they are the "
+          "principal axes of the document's first keys)");
     m.def("memory_info", &memory_info, py::arg("ctx_address"), "tokens, blocks and bytes of the document memory");
     m.def("memory_set_hold", &memory_set_hold, py::arg("ctx_address"), py::arg("mode"),
           "what the next decodes do with their blocks: 0 select, 1 select and keep them in RAM, 2 hold the kept ones");

@@ -178,6 +178,10 @@ def test_configurations_that_read_alike_are_grouped():
                                                                  ("context-shift", ["context-shift"])]
     assert tasks.shared_readings(["lambda+memory:m=2:c=0", "lambda+memory:m=4:c=0"]) == [
         ("lambda+memory:m=2:c=0", ["lambda+memory:m=2:c=0"]), ("lambda+memory:m=4:c=0", ["lambda+memory:m=4:c=0"])]
+    # summaries along principal axes are another reading; their candidates are set at the question as the channels'
+    principal = ["lambda+memory:m=2:c=8:principal", "lambda+memory:m=2:c=0:principal"]
+    assert tasks.shared_readings(principal + ["lambda+memory:m=2:c=8"]) == [
+        (principal[0], principal), ("lambda+memory:m=2:c=8", ["lambda+memory:m=2:c=8"])]
 
 
 def test_one_reading_asked_three_ways_equals_three_readings(tiny_wide, monkeypatch):

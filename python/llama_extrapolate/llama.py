@@ -13,14 +13,14 @@ import os
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, Tuple
 
 import llama_cpp
 import numpy as np
 
 from . import logs, native
 from .config import AttentionConfig, ResolvedAttention, Temperature
-from .options import DEFAULT_CHECKPOINT_SECONDS, memory_type_for
+from .options import DEFAULT_CHECKPOINT_SECONDS, DEFAULT_MEMORY_AXES, memory_type_for
 from .native import context_address
 from .rpc import DEFAULT_ANSWER_TIMEOUT
 from .history import TokenHistory
@@ -65,6 +65,7 @@ class Llama(llama_cpp.Llama):
     def __init__(self, model_path: str, *args: Any, attention: Optional[AttentionConfig] = None,
                  memory_path: Optional[str] = None, memory_dir: Optional[str] = None, memory_keep: bool = False,
                  memory_type: Optional[str] = None, memory_capacity: Optional[int] = None, memory_reopen: bool = False,
+                 memory_axes: str = DEFAULT_MEMORY_AXES,
                  question_tokens: Optional[int] = None, memory_answer: str = "select",
                  memory_select_tokens: Optional[int] = None, checkpoint_path: Optional[str] = None,
                  checkpoint_every: float = DEFAULT_CHECKPOINT_SECONDS, rpc_servers: Any = None,
@@ -77,6 +78,7 @@ class Llama(llama_cpp.Llama):
         self.last_prompt: Optional[PromptReport] = None
         self.memory_capacity: Optional[int] = None  # tokens the document memory holds, once it is open
         self.memory_type: Optional[str] = None
+        self.memory_axes: Optional[str] = None
         self.memory_file: Optional[str] = None
         if attention is not None and not isinstance(attention, AttentionConfig):
             raise TypeError(f"attention={attention!r} must be an AttentionConfig (or None for vanilla attention)")
@@ -163,14 +165,19 @@ class Llama(llama_cpp.Llama):
             memory_path, memory_keep, memory_reopen = self._checkpoint_to(
                 checkpoint_path, checkpoint_every, memory_path, memory_keep, memory_reopen, memory_type)
         if expected.memory:
-            self._open_memory(memory_path, memory_dir, memory_keep, memory_type, memory_capacity, memory_reopen)
+            self._open_memory(memory_path, memory_dir, memory_keep, memory_type, memory_capacity, memory_reopen,
+                              memory_axes)
             if memory_select_tokens is not None:
                 self.set_memory_question(select_tokens=memory_select_tokens)
-        elif memory_path is not None or memory_capacity is not None or memory_reopen or \
-                memory_select_tokens is not None:
-            raise ValueError("memory_path/memory_capacity/memory_reopen/memory_select_tokens without the document "
-                             "memory: use AttentionConfig(memory_blocks=64, top_k=5, ...) to keep what leaves the "
-                             "window")
+        else:
+            given = [name for name, value in (("memory_path", memory_path is not None),
+                                              ("memory_capacity", memory_capacity is not None),
+                                              ("memory_reopen", bool(memory_reopen)),
+                                              ("memory_select_tokens", memory_select_tokens is not None),
+                                              ("memory_axes", memory_axes != DEFAULT_MEMORY_AXES)) if value]
+            if given:
+                raise ValueError(f"{'/'.join(given)} without the document memory: use AttentionConfig("
+                                 "memory_blocks=64, top_k=5, ...) to keep what leaves the window")
         if expected.top_k > 0 and expected.top_k_scope == "question":
             self.set_top_k_active(False)  # read with plain Lambda attention until the question
 
@@ -265,7 +272,7 @@ class Llama(llama_cpp.Llama):
         return n
 
     def _open_memory(self, path: Optional[str], directory: Optional[str], keep: bool, type_name: str,
-                     capacity: Optional[int], reopen: bool = False) -> None:
+                     capacity: Optional[int], reopen: bool = False, axes: str = DEFAULT_MEMORY_AXES) -> None:
         """Open the store the hidden keys go to. Its file is reserved for ``capacity`` tokens up front, so that a
         disk too small or an unwritable path is an error now, not in the middle of a document.
 
@@ -289,10 +296,15 @@ class Llama(llama_cpp.Llama):
                              "for a later context to reopen")
         if directory is not None and not os.path.isdir(directory):
             raise ValueError(f"memory_dir={directory!r} is not a directory: create it or choose another")
+        if axes not in native.MEMORY_AXES:
+            raise ValueError(f"memory_axes={axes!r}: use 'principal' (each KV head's blocks summarized along the "
+                             "principal axes of the document's first keys: a tighter bound) or 'channels' (along "
+                             "the key channels, Quest's summary)")
         native.memory_open(self._attention_context("memory"), path, directory, keep, MEMORY_TYPES[type_name],
-                           capacity, bool(reopen))
+                           capacity, bool(reopen), axes)
         self.memory_capacity = capacity
         self.memory_type = type_name
+        self.memory_axes = axes
         self.memory_file = path if keep else None  # a file that outlives the context, referenced by its states
 
     def _checkpoint_to(self, path: str, every: float, memory_path: Optional[str], memory_keep: bool,
@@ -404,15 +416,24 @@ class Llama(llama_cpp.Llama):
             raise RuntimeError(f"set_memory_question: asked candidates={want[0]}, select_tokens={want[1]}; the "
                                f"library holds {got['n_candidates']}, {got['n_select_tokens']}")
 
-    def memory_selection(self, layer: int) -> np.ndarray:
-        """[n_kv, m] blocks each KV head of ``layer`` selected in the last decode."""
-        ctx = self._attention_context("memory_selection")
+    def _stored_layer_context(self, layer: int, what: str) -> int:
+        """The context of a call about stored layer ``layer`` (ValueError for a layer the memory does not store)."""
+        ctx = self._attention_context(what)
         r, info = self.attention_resolved, self.model_info
         if not r.top_k_layer <= layer < info.block_count or layer in info.recurrent_layers:
-            what = "keeps a recurrent state" if layer in info.recurrent_layers else "is not stored"
-            raise ValueError(f"memory_selection({layer}): layer {layer} {what}; the memory stores the attention "
-                             f"layers from top_k_layer = {r.top_k_layer} to {info.block_count - 1}")
-        return native.memory_selection(ctx, layer)
+            why = "keeps a recurrent state" if layer in info.recurrent_layers else "is not stored"
+            raise ValueError(f"{what}({layer}): layer {layer} {why}; the memory stores the attention layers from "
+                             f"top_k_layer = {r.top_k_layer} to {info.block_count - 1}")
+        return ctx
+
+    def memory_selection(self, layer: int) -> np.ndarray:
+        """[n_kv, m] blocks each KV head of ``layer`` selected in the last decode."""
+        return native.memory_selection(self._stored_layer_context(layer, "memory_selection"), layer)
+
+    def memory_summary_axes(self, layer: int) -> Tuple[np.ndarray, bool]:
+        """([n_kv, head_dim, head_dim] axes of ``layer``'s block summaries, one a row; whether they are the principal
+        axes of the document's first keys, set when the first block was complete)."""
+        return native.memory_axes(self._stored_layer_context(layer, "memory_summary_axes"), layer)
 
     def _check_attention_options(self, kwargs: dict) -> None:
         """Refuse llama_cpp options under which the configured attention would not be exact."""

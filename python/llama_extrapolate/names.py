@@ -1,9 +1,10 @@
 """Named configurations: the names evaluations, plots, tables and benchmarks store results under.
 
 A name is a small language: a baseline ("lambda", "vanilla", ...), "lambda+top-k", "profile=PATH", or a document
-memory "lambda+memory[:m=N[:c=C]][:last=T][:STORE][:passages][:layer][:hold]" (T: the question's last tokens
-whose queries select, all when left out; STORE: the store's type, q4_0, q8_0, f16 or f32; the library's choice for
-the model when left out). ``NamedConfig.parse`` reads one (and names a malformed
+memory "lambda+memory[:m=N[:c=C]][:last=T][:STORE][:principal][:passages][:layer][:hold]" (T: the question's last
+tokens whose queries select, all when left out; STORE: the store's type, q4_0, q8_0, f16 or f32; the library's choice
+for the model when left out; principal: the blocks summarized along the principal axes of the document's first keys,
+the key channels when left out). ``NamedConfig.parse`` reads one (and names a malformed
 part), ``.name`` gives the canonical spelling results are stored under (the memory's m and c always written, since
 the defaults have changed over time), ``.label()`` the human label of tables and plots.
 
@@ -33,6 +34,8 @@ MEMORY_PASSAGES_SUFFIX = ":passages"
 # after ":c=C": the store's type (":q4_0"); left out, q8_0 (options.NAMED_CONFIG_STORE: what the results stored under
 # such names ran with, not the library's default), f16 for heads not a multiple of 32
 MEMORY_STORE_TYPES = ("q8_0", "q4_0", "f16", "f32")
+# after the store's type: the block summaries along the principal axes of the document's first keys (memory_axes)
+MEMORY_AXES_SUFFIX = ":principal"
 # after ":c=C": only the question's last T tokens' queries select its blocks (Llama.set_memory_question)
 MEMORY_LAST_PREFIX = ":last="
 # last of all: the answer attends to the blocks its question selected (Llama.memory_hold) instead of selecting anew
@@ -57,6 +60,7 @@ class NamedConfig:
     hold: bool = False
     memory_type: Optional[str] = None  # the store's type; None: options.NAMED_CONFIG_STORE
     select_tokens: int = 0  # the question's last tokens whose queries select (0: all)
+    principal_axes: bool = False  # the block summaries along the principal axes of the first keys
 
     def __post_init__(self) -> None:
         known = (*BASELINES, TOP_K_CONFIG, MEMORY_CONFIG, "profile")
@@ -71,9 +75,9 @@ class NamedConfig:
             raise ValueError(f"configuration {self.base!r}: memory_blocks and memory_candidates are given for "
                              f"{MEMORY_CONFIG} and only for it")
         if not memory and (self.passages or self.memory_selection != "head" or self.hold or self.memory_type
-                           or self.select_tokens):
-            raise ValueError(f"configuration {self.base!r}: passages, memory_selection, hold, last and the store's "
-                             f"type need {MEMORY_CONFIG}")
+                           or self.select_tokens or self.principal_axes):
+            raise ValueError(f"configuration {self.base!r}: passages, memory_selection, hold, last, the store's "
+                             f"type and principal need {MEMORY_CONFIG}")
         if isinstance(self.select_tokens, bool) or not isinstance(self.select_tokens, int) or self.select_tokens < 0:
             raise ValueError(f"configuration {self.base!r}: last={self.select_tokens!r}: give a whole number >= 1 "
                              f"(or leave it out: every token of the question selects)")
@@ -119,6 +123,9 @@ class NamedConfig:
             rest, selection = rest[:-len(MEMORY_LAYER_SUFFIX)], "layer"
         if rest.endswith(MEMORY_PASSAGES_SUFFIX):
             rest, passages = rest[:-len(MEMORY_PASSAGES_SUFFIX)], True
+        principal = rest.endswith(MEMORY_AXES_SUFFIX)
+        if principal:
+            rest = rest[:-len(MEMORY_AXES_SUFFIX)]
         memory_type = next((t for t in MEMORY_STORE_TYPES if rest.endswith(":" + t)), None)
         if memory_type is not None:
             rest = rest[:-len(memory_type) - 1]
@@ -134,11 +141,12 @@ class NamedConfig:
 
             m, c = DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS
             return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
-                       passages=passages, hold=hold, memory_type=memory_type, select_tokens=last)
+                       passages=passages, hold=hold, memory_type=memory_type, select_tokens=last,
+                       principal_axes=principal)
         prefix = MEMORY_CONFIG + ":m="
         if not rest.startswith(prefix):
             raise ValueError(f"configuration {whole!r}: spell a memory as {MEMORY_CONFIG}[:m=N[:c=C]][:last=T][:q4_0]"
-                             f"[:passages][:layer][:hold], e.g. {prefix}64")
+                             f"[:principal][:passages][:layer][:hold], e.g. {prefix}64")
         m_text, _, c_text = rest[len(prefix):].partition(":c=")
         if not m_text.isdigit() or int(m_text) < 1:
             raise ValueError(f"configuration {whole!r}: m must be a whole number >= 1, as in {prefix}64")
@@ -156,7 +164,8 @@ class NamedConfig:
                                  f"as in {prefix}{m}:c={MEMORY_CANDIDATES_PER_BLOCK * m}")
             c = MEMORY_CANDIDATES_PER_BLOCK * m
         return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
-                   passages=passages, hold=hold, memory_type=memory_type, select_tokens=last)
+                   passages=passages, hold=hold, memory_type=memory_type, select_tokens=last,
+                       principal_axes=principal)
 
     @property
     def name(self) -> str:
@@ -168,6 +177,7 @@ class NamedConfig:
         return (f"{MEMORY_CONFIG}:m={self.memory_blocks}:c={self.memory_candidates}"
                 + (f"{MEMORY_LAST_PREFIX}{self.select_tokens}" if self.select_tokens else "")
                 + (f":{self.memory_type}" if self.memory_type else "")
+                + (MEMORY_AXES_SUFFIX if self.principal_axes else "")
                 + (MEMORY_PASSAGES_SUFFIX if self.passages else "")
                 + (MEMORY_LAYER_SUFFIX if self.memory_selection == "layer" else "")
                 + (MEMORY_HOLD_SUFFIX if self.hold else ""))
@@ -185,4 +195,6 @@ class NamedConfig:
         hold = ", answer holds the question's blocks" if self.hold else ""
         store = f", {self.memory_type} store" if self.memory_type else ""
         last = f", the question's last {self.select_tokens} tokens select" if self.select_tokens else ""
-        return f"Λ + memory (m = {self.memory_blocks}{rerank}{last}{layer}, B = {block_size}, {keys}{store}{hold})"
+        axes = ", principal axes" if self.principal_axes else ""
+        return (f"Λ + memory (m = {self.memory_blocks}{rerank}{last}{layer}{axes}, B = {block_size}, "
+                f"{keys}{store}{hold})")

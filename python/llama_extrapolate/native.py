@@ -170,10 +170,24 @@ def get_top_k(ctx: int) -> Tuple[int, int, int]:
 
 
 # --- document memory (patch 0012) -------------------------------------------------------------------
+# the coordinates of the block summaries (enum llama_ext_memory_axes)
+MEMORY_AXES = {"channels": 0, "principal": 1}
+
+
 def memory_open(ctx: int, path: Optional[str], directory: Optional[str], keep: bool, type_id: int,
-                capacity: int, reopen: bool = False) -> None:
+                capacity: int, reopen: bool = False, axes: str = "channels") -> None:
     """Open the memory's store (the library's reason, e.g. an unwritable path or a full disk, is the ValueError)."""
-    _core.memory_open(ctx, path or "", directory or "", bool(keep), int(type_id), int(capacity), bool(reopen))
+    if axes not in MEMORY_AXES:
+        raise ValueError(f"memory axes {axes!r}: use one of {', '.join(MEMORY_AXES)}")
+    _core.memory_open(ctx, path or "", directory or "", bool(keep), int(type_id), int(capacity), bool(reopen),
+                      MEMORY_AXES[axes])
+
+
+def memory_axes(ctx: int, layer: int) -> Tuple[np.ndarray, bool]:
+    """([n_kv, head_dim, head_dim] axes of ``layer``'s block summaries, a row each; whether they are the principal
+    axes of the document's first keys (False: the key channels, or the first block is not complete yet))."""
+    axes, principal = _core.memory_axes(ctx, int(layer))
+    return np.asarray(axes, dtype=np.float32), bool(principal)
 
 
 MEMORY_HOLD_MODES = {"select": 0, "keep": 1, "hold": 2}

@@ -18,6 +18,9 @@ from .names import MEMORY_STORE_TYPES
 # seconds of a reading between checkpoints (run --state, Llama's and serve's checkpoint_path): a stopped reading
 # of hours loses at most this much
 DEFAULT_CHECKPOINT_SECONDS = 600.0
+# the coordinates the memory's block summaries are in (Llama(memory_axes=...), --memory-axes)
+MEMORY_AXES_CHOICES = ("channels", "principal")
+DEFAULT_MEMORY_AXES = "channels"
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import AttentionConfig
@@ -95,8 +98,13 @@ def _specs() -> Dict[str, OptionSpec]:
                    "prompt's selection then costs what T tokens' costs (at Llama-2-7B's shapes and 128k tokens a "
                    "128-token question's first answer token 15-18 s with T = 32 against 24-25 s; docs/results.md)",
                    minimum=0),
-        OptionSpec("memory_type", str, "how the memory stores keys and values (default q4_0, f16 for heads not "
-                                       "a multiple of 32)", choices=MEMORY_TYPE_CHOICES),
+        OptionSpec("memory_type", str, "how the memory stores keys and values (default q8_0 where a token's keys "
+                                       "and values take at most 64 KiB so, q4_0 beyond; f16 for heads not a multiple "
+                                       "of 32)", choices=MEMORY_TYPE_CHOICES),
+        OptionSpec("memory_axes", str, "the axes along which each block's keys are summarized for the bound: the "
+                                       "key channels (Quest's) or each KV head's principal axes of the document's "
+                                       f"first keys, a tighter bound (default {DEFAULT_MEMORY_AXES})",
+                   choices=MEMORY_AXES_CHOICES),
         OptionSpec("profile", str, "calibration profile: softmax temperature schedule tau(p)"),
         OptionSpec("profile_mode", str, "which of the profile's fits", choices=PROFILE_MODE_CHOICES,
                    default="pmax"),
@@ -181,6 +189,7 @@ class AttentionOptions:
     memory_answer: Optional[str] = None
     memory_select_tokens: Optional[int] = None
     memory_type: Optional[str] = None
+    memory_axes: Optional[str] = None
     profile: Optional[str] = None
     profile_mode: str = "pmax"
 
@@ -268,6 +277,10 @@ class AttentionOptions:
             prof.check_model(info.path)
             overrides.update(prof.temperature_fields(self.profile_mode))
         return AttentionConfig.from_model(info, **overrides)
+
+    def memory_axes_or_default(self) -> str:
+        """The axes of the memory's block summaries: the ones given, else DEFAULT_MEMORY_AXES."""
+        return self.memory_axes or DEFAULT_MEMORY_AXES
 
     def memory_answer_or_default(self) -> str:
         """What the answer attends to in the memory: the mode given, else config.DEFAULT_MEMORY_ANSWER."""

@@ -189,6 +189,7 @@ class MemorySettings(NamedTuple):
     passages: bool = False  # every key of the selected blocks, in the order of the text
     hold: bool = False  # the answer attends to the blocks its question selected
     memory_type: Optional[str] = None  # the store's type (None: NAMED_CONFIG_STORE, f16 for odd heads)
+    principal_axes: bool = False  # the block summaries along the principal axes of the first keys
 
 
 def memory_config_name(name: str) -> str:
@@ -206,7 +207,7 @@ def memory_settings_of(name: str) -> Optional[MemorySettings]:
         return None
     named = NamedConfig.parse(name)
     return MemorySettings(named.memory_blocks, named.memory_candidates, named.memory_selection, named.passages,
-                          named.hold, named.memory_type)
+                          named.hold, named.memory_type, named.principal_axes)
 
 
 def memory_blocks_of(name: str) -> Optional[int]:
@@ -225,11 +226,17 @@ class EvalSetup:
     context_shift: Optional[int] = None
     memory_capacity: Optional[int] = None  # tokens the document memory is opened for
     memory_type: Optional[str] = None  # the store's type: the name's, else options.NAMED_CONFIG_STORE
+    memory_axes: Optional[str] = None  # the block summaries' axes ("principal"; None: the library's default)
 
     def llama_kwargs(self) -> dict:
-        """What ``Llama`` needs besides the attention and n_ctx (the document memory's capacity and store type)."""
+        """What ``Llama`` needs besides the attention and n_ctx (the document memory's capacity, store type and
+        summaries' axes)."""
         kwargs = {"memory_capacity": self.memory_capacity} if self.memory_capacity else {}
-        return {**kwargs, "memory_type": self.memory_type} if self.memory_type else kwargs
+        if self.memory_type:
+            kwargs["memory_type"] = self.memory_type
+        if self.memory_axes:
+            kwargs["memory_axes"] = self.memory_axes
+        return kwargs
 
     @property
     def top_k_question(self) -> bool:
@@ -299,7 +306,8 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
                       top_k_layer=min(DEFAULT_TOP_K_LAYER, int(info.block_count) - 1))
         return EvalSetup(name, cfg, cfg.resolve(info).required_n_ctx(n_batch, stream=n_tokens),
                          memory_capacity=n_tokens + n_batch,
-                         memory_type=memory.memory_type or memory_type_for(info, NAMED_CONFIG_STORE))
+                         memory_type=memory.memory_type or memory_type_for(info, NAMED_CONFIG_STORE),
+                         memory_axes="principal" if memory.principal_axes else "channels")
     elif name == "log-length":
         return EvalSetup(name, AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="log-length"), full)
     else:
