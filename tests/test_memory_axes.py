@@ -14,11 +14,9 @@ import numpy as np
 import pytest
 
 from conftest import memory_state_round_trip
-from reference import RefAttention, forward
-from test_memory import (B, C, D, H0, K, M, N_SELECTABLE, QUESTION, S, TOL, W, assert_top_m, block_bound,  # noqa: F401
-                         f16_summary,
-                         make_llm, memory_config, question_queries, read_and_ask, rerank_of, selection,
-                         stored_blocks, tiny)
+from test_memory import (C, H0, M, N_SELECTABLE, QUESTION, S, W, assert_logits_given, assert_top_m,  # noqa: F401
+                         block_bound, f16_summary, make_llm, memory_config, question_queries, read_and_ask,
+                         rerank_of, selection, stored_blocks, tiny)
 
 FIRST_DECODE = 64  # tiny_llm's ubatch: the first decode completes the first block
 
@@ -108,11 +106,7 @@ def test_selection_along_the_principal_axes_equals_numpys_bound(tiny, principal)
             channels = np.array([block_bound(queries[(il, g)], k) for k in keys])
             differ += set(np.argsort(-channels, kind="stable")[:M].tolist()) != set(sel[il][g].tolist())
     assert differ > 0, "the channels' bound must select otherwise somewhere for the test to tell the axes apart"
-    ref = forward(model, tokens, RefAttention(sinks=S, window=W, ceiling=C, top_k=K, top_k_layer=H0,
-                                              top_k_distance=D, top_k_from=QUESTION, memory_blocks=sel,
-                                              memory_block=B))
-    err = np.abs(got - ref).max()
-    assert err < TOL, f"max |llama.cpp - oracle| = {err}"
+    assert_logits_given(model, tokens, got, sel)
 
 
 def test_the_rerank_takes_the_principal_bounds_candidates(tiny):
