@@ -104,6 +104,8 @@ def run_cost(args) -> None:
            "memory_candidates": settings.candidates, "configs": {}}
     if settings.passages:
         out["passages"] = True
+    if args.n_gpu_layers:
+        out["n_gpu_layers"] = args.n_gpu_layers
     path = RESULTS / "memory_cost.json"
     runs = json.loads(path.read_text())["runs"] if path.exists() else []
     names = ["lambda", memory_name]
@@ -118,9 +120,14 @@ def run_cost(args) -> None:
         names = [memory_name]
     for name in names:
         st = setup_for(name, info, len(tokens) + len(question) + 16, args.n_batch, window=args.window)
+        offload = {}
+        if args.n_gpu_layers:
+            # layers on a GPU; the memory reads its blocks from a KV cache in host memory (docs/gpu.md)
+            offload = {"n_gpu_layers": args.n_gpu_layers, **({"offload_kqv": False} if st.attention.memory_blocks else {})}
         peak_rss_reset()
         llm = le.Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
-                       n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **st.llama_kwargs())
+                       n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **st.llama_kwargs(),
+                       **offload)
         try:
             session = Session(llm)
             read_s = session.read(tokens, progress=True, desc=f"{name} reading").seconds
@@ -129,7 +136,8 @@ def run_cost(args) -> None:
             asked = session.ask(question)  # each answer step its own decode: it selects and reads its blocks anew
             to_answer, answer_s = asked.seconds, sum(step.seconds for step in asked.answer(ANSWER_TOKENS))
             entry = {"read_tok_s": len(tokens) / read_s, "question_s": to_answer,
-                     "answer_tok_s": ANSWER_TOKENS / answer_s, "n_ctx": st.n_ctx, "peak_rss_bytes": peak_rss_bytes()}
+                     "answer_tok_s": ANSWER_TOKENS / answer_s, "n_ctx": st.n_ctx, "peak_rss_bytes": peak_rss_bytes(),
+                     "devices": sorted(set(llm.devices()["layers"]))}
             if st.attention.memory_blocks:
                 mi = llm.memory_info()
                 entry.update(memory=mi, disk_bytes_per_token=mi["bytes_on_disk"] / len(tokens))
@@ -146,7 +154,14 @@ def run_cost(args) -> None:
         return (run["window"], run["tokens"], run.get("memory_blocks", 16), run.get("memory_candidates", 0),
                 run.get("passages", False))
 
-    replace_run(path, out, key, sort=True)
+    if args.key:
+        # a section of another results file (tools/gpu.sh's one JSON), not an entry of memory_cost.json
+        sys.path.insert(0, str(HERE))
+        from performance import save_section
+
+        save_section(Path(args.out), args.key, out)
+    else:
+        replace_run(path, out, key, sort=True)
     print(json.dumps({k: out[k] for k in ("read_speed_ratio", "peak_rss_ratio")}))
 
 
@@ -217,6 +232,12 @@ def main(argv=None) -> int:
                    help="c, the blocks the bound proposes for the exact rerank (default: the library's 16m; 0: none)")
     c.add_argument("--passages", action="store_true",
                    help="the question reads every key of the selected blocks in the order of the text (top-k = m*B)")
+    c.add_argument("--n-gpu-layers", type=int, default=0,
+                   help="layers offloaded to a GPU backend (-1: all; the memory's KV cache stays in host memory)")
+    c.add_argument("--key", default="",
+                   help="write the run as this section of --out (a results file of sections) instead of an entry of "
+                        "memory_cost.json")
+    c.add_argument("--out", default="", help="the file --key writes to")
     c.add_argument("--lambda-from-earlier", action="store_true",
                    help="take the bounded stream's figures from the latest earlier run at this length, window and "
                         "thread count instead of reading it again (half the time at 128k)")
@@ -233,6 +254,10 @@ def main(argv=None) -> int:
     t.add_argument("--build", required=True, help="what is measured, e.g. the last patch applied (a run replaces the "
                    "entry of its build, capacity, window, tokens, m, threads and question length)")
     args = p.parse_args(argv)
+    if args.cmd == "cost" and bool(args.key) != bool(args.out):
+        p.error("cost: --key and --out go together (a section of a results file)")
+    if args.cmd == "cost" and args.key and args.lambda_from_earlier:
+        p.error("cost: --lambda-from-earlier reads memory_cost.json's runs; with --key both streams are read")
     RESULTS.mkdir(exist_ok=True)
     {"retrieval": run_retrieval, "cost": run_cost, "step": run_step}[args.cmd](args)
     return 0

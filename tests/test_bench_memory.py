@@ -40,3 +40,23 @@ def test_a_cost_entry_is_put_in_the_file_as_it_is_when_the_run_ends(tmp_path):
     assert [r["x"] for r in json.loads(path.read_text())["runs"]] == [3, 4, 2]
     with one_writer(path), pytest.raises(RuntimeError, match="another run"):
         bench.replace_run(path, {"tokens": 2, "x": 5}, key)
+
+
+def test_cost_run_with_a_key_writes_a_section_of_another_file(tmp_path, monkeypatch):
+    """tools/gpu.sh's one JSON: with --key and --out the run is a section of that file (its other sections kept),
+    with the devices its layers were on, and memory_cost.json is not touched."""
+    bench = load_bench("memory")
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    out = tmp_path / "gpu.json"
+    out.write_text(json.dumps({"stream_gpu": {"x": 1}}))
+    assert bench.main(["cost", "--tokens", "800", "--window", "128", "--n-batch", "128", "--memory-blocks", "4",
+                       "--memory-candidates", "8", "--key", "memory_cost_gpu", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["stream_gpu"] == {"x": 1} and not (tmp_path / "memory_cost.json").exists()
+    run = d["memory_cost_gpu"]
+    assert set(run["configs"]) == {"lambda", "lambda+memory:m=4:c=8"} and "n_gpu_layers" not in run
+    assert all(c["devices"] == ["CPU"] for c in run["configs"].values())
+    import pytest
+
+    with pytest.raises(SystemExit):
+        bench.main(["cost", "--tokens", "800", "--key", "memory_cost_gpu"])  # --key without --out

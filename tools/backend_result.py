@@ -3,6 +3,7 @@
 they ran on and the patches of the tree, from pytest's JUnit XML.
 
     tools/backend_result.py build/vulkan/backend-tests.xml checks/vulkan_backend_tests.json --device NAME
+    tools/backend_result.py build/gpu/backend-tests.xml bench/results/gpu.json --section backend_tests --device NAME
 
 The file is rewritten only when an item's outcome, the device or the patches changed (not for the times), so a
 commit shows a change of outcome and nothing else. Exit status 1 when an item failed or none ran."""
@@ -39,14 +40,19 @@ def main(argv=None) -> int:
     ap.add_argument("junit", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--device", default=None, help="the device the tests ran on")
+    ap.add_argument("--section", default="",
+                    help="write the outcome as this section of OUT (a results file of sections, tools/gpu.sh's), "
+                         "keeping its other sections")
     args = ap.parse_args(argv)
     items = outcomes(args.junit)
     patches = sorted(p.stem for p in (ROOT / "patches").glob("*.patch"))
     counts = {k: sum(1 for v in items.values() if v.split(":")[0] == k) for k in ("passed", "failed", "skipped")}
     result = {"device": args.device, "last_patch": patches[-1] if patches else None, "counts": counts, "items": items}
-    old = json.loads(args.out.read_text()) if args.out.exists() else None
+    whole = json.loads(args.out.read_text()) if args.out.exists() else None
+    old = (whole or {}).get(args.section) if args.section else whole
     if old != result:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        args.out.write_text(json.dumps({**(whole or {}), args.section: result} if args.section else result,
+                                       indent=1) + "\n")
         print(f"{args.out}: written ({counts})")
     else:
         print(f"{args.out}: unchanged ({counts})")
