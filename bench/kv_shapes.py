@@ -120,6 +120,18 @@ def write(name: str, path: Path, tokenizer_from: str, seed: int = 0, n_embd: int
     return path
 
 
+def cached(name: str, n_embd: int = N_EMBD) -> Path:
+    """The shape model ``name`` at the residual width ``n_embd`` in bench/results/cache (ignored by git), written with
+    the default model's vocabulary the first time a benchmark asks for it."""
+    from llama_extrapolate.default_model import default_model_path
+
+    suffix = "" if n_embd == N_EMBD else f"-e{n_embd}"
+    path = Path(__file__).resolve().parent / "results" / "cache" / f"{name}-kv{suffix}.gguf"
+    if not path.exists():
+        write(name, path, str(default_model_path()), n_embd=n_embd)
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("shape", nargs="?", choices=sorted(SHAPES))

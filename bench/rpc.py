@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -78,35 +77,6 @@ def proc_status(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(threads: int, log_path: Path):
-    """One RPC server on a free port of 127.0.0.1 with ``threads`` threads: (process, endpoint) once it answers."""
-    from llama_extrapolate import rpc
-
-    port = free_port()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "llama_extrapolate", "rpc-server", "--host", "127.0.0.1",
-                                 "--port", str(port), "--threads", str(threads)], stdout=log, stderr=subprocess.STDOUT)
-    endpoint = rpc.Endpoint("127.0.0.1", port)
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"the RPC server on port {port} ended: {log_path.read_text()}")
-        try:
-            rpc.probe(endpoint, timeout=5)
-            return proc, endpoint
-        except rpc.RPCServerError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit(f"the RPC server at {endpoint} did not start")
-            time.sleep(0.2)
-
-
 def model_for(args) -> tuple:
     """(path, label) of the cell's model: the default model or a shape model at --n-embd."""
     from llama_extrapolate.default_model import default_model_path
@@ -117,16 +87,14 @@ def model_for(args) -> tuple:
     sys.path.insert(0, str(HERE))
     import kv_shapes
 
-    path = RESULTS / "cache" / f"{args.shape}-kv-e{args.n_embd}.gguf"
-    if not path.exists():
-        kv_shapes.write(args.shape, path, str(default_model_path()), n_embd=args.n_embd)
+    path = kv_shapes.cached(args.shape, args.n_embd)
     return str(path), args.shape
 
 
 def run_cell(args, n_servers: int, config: str) -> dict:
     """One (servers, configuration) in this process."""
     import llama_extrapolate as le
-    from llama_extrapolate import native
+    from llama_extrapolate import native, rpc
     from llama_extrapolate.harness.corpora import paul_graham_essays
     from llama_extrapolate.harness.evaluate import memory_config_name, setup_for
     from llama_extrapolate.names import NamedConfig
@@ -160,7 +128,7 @@ def run_cell(args, n_servers: int, config: str) -> dict:
         kwargs.update(memory_path=store, memory_capacity=max(args.capacity, n_total))
 
     logs = Path(tempfile.mkdtemp(prefix="rpc-bench-"))
-    servers = [start_server(args.threads, logs / f"server{i}.log") for i in range(n_servers)]
+    servers = [rpc.start_local(logs / f"server{i}.log", args.threads) for i in range(n_servers)]
     pids = [proc.pid for proc, _ in servers]
     try:
         server_base = [proc_status(pid, "VmRSS") for pid in pids]

@@ -32,7 +32,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-MODELS = HERE / "results" / "cache"  # written shape models (ignored by git)
 ANSWER_TOKENS = 16
 SHORT_QUESTION = "\nWhat is the first sentence of the text above?"  # 14 tokens with the default vocabulary
 LONG_QUESTION_TOKENS = 128
@@ -57,11 +56,7 @@ def shape_model(shape: str) -> str:
     sys.path.insert(0, str(HERE))
     import kv_shapes
 
-    path = MODELS / f"{shape}-kv.gguf"
-    if not path.exists():
-        from llama_extrapolate.default_model import default_model_path
-        kv_shapes.write(shape, path, str(default_model_path()))
-    return str(path)
+    return str(kv_shapes.cached(shape))
 
 
 def ask(session, question, store: str | None, hold: bool = False) -> dict:

@@ -26,33 +26,10 @@ from conftest import random_tokens
 from reference import RefAttention, RefStats, forward
 from test_backends import CACHE, LAMBDA, MEMORY, QUESTION, TOP_K, WORKER
 
+from llama_extrapolate import rpc  # noqa: E402
+from llama_extrapolate.server import free_port  # noqa: E402
+
 N_TOKENS = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(log_path):
-    """One RPC server on a free port of 127.0.0.1, one thread; (process, endpoint) once it answers."""
-    from llama_extrapolate import rpc
-
-    port = free_port()
-    with open(log_path, "w") as log:
-        server = subprocess.Popen([sys.executable, "-m", "llama_extrapolate", "rpc-server", "--host", "127.0.0.1",
-                                   "--port", str(port), "--threads", "1"], stdout=log, stderr=subprocess.STDOUT)
-    endpoint = rpc.Endpoint("127.0.0.1", port)
-    deadline = time.monotonic() + 120
-    while True:
-        assert server.poll() is None, Path(log_path).read_text()
-        try:
-            rpc.probe(endpoint, timeout=5)
-            return server, endpoint
-        except rpc.RPCServerError:
-            assert time.monotonic() < deadline, f"the RPC server at {endpoint} did not start"
-            time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +42,7 @@ def rpc_servers(tmp_path_factory):
     servers = []
     try:
         for i in range(2):
-            servers.append(start_server(logs / f"server{i}.log"))
+            servers.append(rpc.start_local(logs / f"server{i}.log"))
         yield ",".join(str(endpoint) for _, endpoint in servers)
     finally:
         for server, _ in servers:
@@ -280,7 +257,7 @@ def test_rpc_a_server_lost_in_the_middle_of_a_reading_is_an_error_not_a_crash_or
     after the first batch: the next decodes raise RPCServerError naming the server, within the answer timeout (2 s
     here), and the model closes; patch 0016 (ggml-rpc ended the process, or waited forever)."""
     model, path = tiny_llama
-    server, endpoint = start_server(tmp_path / "server.log")
+    server, endpoint = rpc.start_local(tmp_path / "server.log")
     try:
         tokens = ",".join(map(str, random_tokens(model, 200, seed=5)))
         start = time.monotonic()

@@ -163,3 +163,34 @@ def serve(host: str, port: int, threads: Optional[int] = None, cache_dir: Option
     native.rpc_serve(f"{host}:{int(port)}", n_threads, cache_dir or "")
     raise RPCServerError(f"the RPC server could not listen at {host}:{port} (see the message above): is the port in "
                          "use, or the address not this machine's?")
+
+
+def start_local(log_path: str, threads: int = 1, timeout: float = 120.0):
+    """An RPC server of this package in a child process on a free port of 127.0.0.1: (process, endpoint) once it
+    answers. For tests and benchmarks that play several machines on one; the caller stops the process. Its output
+    goes to ``log_path``, quoted in the error when it ends or does not answer within ``timeout`` seconds."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from .server import free_port
+
+    port = free_port()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "llama_extrapolate", "rpc-server", "--host", "127.0.0.1",
+                                 "--port", str(port), "--threads", str(threads)], stdout=log, stderr=subprocess.STDOUT)
+    endpoint = Endpoint("127.0.0.1", port)
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RPCServerError(f"the RPC server on port {port} ended: {Path(log_path).read_text()}")
+        try:
+            probe(endpoint, timeout=5)
+            return proc, endpoint
+        except RPCServerError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RPCServerError(f"the RPC server at {endpoint} did not answer within {timeout:.0f} s: "
+                                     f"{Path(log_path).read_text()}") from None
+            time.sleep(0.2)
