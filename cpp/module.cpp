@@ -210,9 +210,10 @@ py::dict model_devices(std::uintptr_t model_address) {
 }
 
 void memory_open(std::uintptr_t ctx_address, const std::string & path, const std::string & dir, bool keep, int type,
-                 uint64_t capacity, bool reopen, int axes) {
+                 uint64_t capacity, bool reopen, int axes, int landmark) {
     llama_ext_memory_params p{};
     p.axes     = axes;
+    p.landmark = landmark;
     p.path     = path.c_str();
     p.dir      = dir.c_str();
     p.keep     = keep ? 1 : 0;
@@ -261,6 +262,7 @@ py::dict memory_info(std::uintptr_t ctx_address) {
     d["type"]          = info.type;
     d["n_candidates"]    = info.n_candidates;
     d["n_select_tokens"] = info.n_select_tokens;
+    d["n_landmark"]      = info.n_landmark;
     return d;
 }
 
@@ -576,9 +578,11 @@ PYBIND11_MODULE(_core, m) {
           "with attention.lambda.top_k > 0");
     m.def("memory_open", &memory_open, py::arg("ctx_address"), py::arg("path"), py::arg("dir"), py::arg("keep"),
           py::arg("type"), py::arg("capacity"), py::arg("reopen") = false, py::arg("axes") = 0,
+          py::arg("landmark") = 0,
           "open the document memory's store before the first decode (reopen: a kept file as an earlier context left "
           "it, for a state that references its blocks; axes: 0 the block summaries along the key channels, 1 along "
-          "the principal axes of the document's first keys)");
+          "the principal axes of the document's first keys; landmark: tokens per landmark, whose q.k ranks the "
+          "blocks instead of the bound, 0 none)");
     m.def("memory_axes", &memory_axes, py::arg("ctx_address"), py::arg("layer"),
           "([n_kv, head_dim, head_dim] axes of the layer's block summaries, one a row; whether they are the "
           "principal axes of the document's first keys)");

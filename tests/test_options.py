@@ -34,7 +34,8 @@ def test_options_name_a_bad_value_and_a_missing_companion():
 @pytest.mark.parametrize("name", ["lambda", "vanilla", "lambda+top-k", "profile=/x/p.json",
                                   "lambda+memory:m=16:c=0", "lambda+memory:m=64:c=1024:passages:layer",
                                   "lambda+memory:m=64:c=1024:q4_0:passages:hold",
-                                  "lambda+memory:m=64:c=256:last=32:q8_0:principal:passages:layer:hold"])
+                                  "lambda+memory:m=64:c=256:last=32:q8_0:principal:passages:layer:hold",
+                                  "lambda+memory:m=64:c=128:last=32:q4_0:lm=16:hold"])
 def test_canonical_names_read_back_as_themselves(name):
     from llama_extrapolate.names import NamedConfig
 
@@ -51,8 +52,13 @@ def test_labels_of_stored_names():
         "Λ + memory (m = 64, 1024 candidates, B = 64, k = 5, q4_0 store, answer holds the question's blocks)")
     assert NamedConfig.parse("lambda+memory:q4_0").name.endswith(":q4_0")
     assert NamedConfig.parse("profile=/x/p.json").label() == "profile=p.json"
-    with pytest.raises(ValueError, match="the store's type and principal need lambda\\+memory"):
+    with pytest.raises(ValueError, match="the store's type, principal and lm need lambda\\+memory"):
         NamedConfig("lambda", memory_type="q4_0")
+    assert NamedConfig.parse("lambda+memory:m=64:c=128:q4_0:lm=16:hold").label() == (
+        "Λ + memory (m = 64, 128 candidates, landmarks of 16, B = 64, k = 5, q4_0 store, answer holds the question's "
+        "blocks)")
+    with pytest.raises(ValueError, match="lm must be a whole number >= 1"):
+        NamedConfig.parse("lambda+memory:m=64:lm=0")
     assert NamedConfig.parse("lambda+memory:m=64:c=256:q8_0:principal:hold").label() == (
         "Λ + memory (m = 64, 256 candidates, principal axes, B = 64, k = 5, q8_0 store, answer holds the question's "
         "blocks)")

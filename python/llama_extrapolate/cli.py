@@ -248,6 +248,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                              "document is read again")
         memory = dict(memory_path=memory_file, memory_keep=keep, memory_reopen=reopen,
                       memory_type=memory_type, memory_axes=options.memory_axes_or_default(),
+                      memory_landmark=options.memory_landmark or 0,
                       memory_answer=options.memory_answer_or_default(),
                       memory_select_tokens=options.memory_select_tokens,
                       memory_capacity=reader.memory_capacity(resolved, info, document, args.prompt,
@@ -529,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "memory_candidates", "passages", "memory_selection", "memory_answer", "memory_select_tokens"])
     r.add_argument("--memory-file", help="the memory's file (default: an anonymous temporary file)")
     r.add_argument("--keep-memory", action="store_true", help="keep --memory-file after the run")
-    add_flags(r, ["memory_type", "memory_axes", "profile", "profile_mode"])
+    add_flags(r, ["memory_type", "memory_axes", "memory_landmark", "profile", "profile_mode"])
     r.add_argument("--n-ctx", type=int, help="cache size with --window 0 (default: the training length)")
     r.add_argument("--no-chat", action="store_true", help="plain completion instead of the chat template")
     r.add_argument("--state", help="file for the stream after the document: the first run reads the document "

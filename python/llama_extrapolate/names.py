@@ -1,10 +1,11 @@
 """Named configurations: the names evaluations, plots, tables and benchmarks store results under.
 
 A name is a small language: a baseline ("lambda", "vanilla", ...), "lambda+top-k", "profile=PATH", or a document
-memory "lambda+memory[:m=N[:c=C]][:last=T][:STORE][:principal][:passages][:layer][:hold]" (T: the question's last
-tokens whose queries select, all when left out; STORE: the store's type, q4_0, q8_0, f16 or f32; the library's choice
-for the model when left out; principal: the blocks summarized along the principal axes of the document's first keys,
-the key channels when left out). ``NamedConfig.parse`` reads one (and names a malformed
+memory "lambda+memory[:m=N[:c=C]][:last=T][:STORE][:principal][:lm=L][:passages][:layer][:hold]" (T: the question's
+last tokens whose queries select, all when left out; STORE: the store's type, q4_0, q8_0, f16 or f32; the library's
+choice for the model when left out; principal: the blocks summarized along the principal axes of the document's first
+keys, the key channels when left out; L: the blocks ranked by landmarks, the means of runs of L keys, instead of the
+bound). ``NamedConfig.parse`` reads one (and names a malformed
 part), ``.name`` gives the canonical spelling results are stored under (the memory's m and c always written, since
 the defaults have changed over time), ``.label()`` the human label of tables and plots.
 
@@ -36,6 +37,8 @@ MEMORY_PASSAGES_SUFFIX = ":passages"
 MEMORY_STORE_TYPES = ("q8_0", "q4_0", "f16", "f32")
 # after the store's type: the block summaries along the principal axes of the document's first keys (memory_axes)
 MEMORY_AXES_SUFFIX = ":principal"
+# after the axes: the blocks ranked by the means of runs of L keys (memory_landmark), not by the bound
+MEMORY_LANDMARK_PREFIX = ":lm="
 # after ":c=C": only the question's last T tokens' queries select its blocks (Llama.set_memory_question)
 MEMORY_LAST_PREFIX = ":last="
 # last of all: the answer attends to the blocks its question selected (Llama.memory_hold) instead of selecting anew
@@ -61,6 +64,7 @@ class NamedConfig:
     memory_type: Optional[str] = None  # the store's type; None: options.NAMED_CONFIG_STORE
     select_tokens: int = 0  # the question's last tokens whose queries select (0: all)
     principal_axes: bool = False  # the block summaries along the principal axes of the first keys
+    landmark: int = 0  # tokens a landmark averages (0: the bound ranks the blocks)
 
     def __post_init__(self) -> None:
         known = (*BASELINES, TOP_K_CONFIG, MEMORY_CONFIG, "profile")
@@ -75,9 +79,9 @@ class NamedConfig:
             raise ValueError(f"configuration {self.base!r}: memory_blocks and memory_candidates are given for "
                              f"{MEMORY_CONFIG} and only for it")
         if not memory and (self.passages or self.memory_selection != "head" or self.hold or self.memory_type
-                           or self.select_tokens or self.principal_axes):
+                           or self.select_tokens or self.principal_axes or self.landmark):
             raise ValueError(f"configuration {self.base!r}: passages, memory_selection, hold, last, the store's "
-                             f"type and principal need {MEMORY_CONFIG}")
+                             f"type, principal and lm need {MEMORY_CONFIG}")
         if isinstance(self.select_tokens, bool) or not isinstance(self.select_tokens, int) or self.select_tokens < 0:
             raise ValueError(f"configuration {self.base!r}: last={self.select_tokens!r}: give a whole number >= 1 "
                              f"(or leave it out: every token of the question selects)")
@@ -123,6 +127,13 @@ class NamedConfig:
             rest, selection = rest[:-len(MEMORY_LAYER_SUFFIX)], "layer"
         if rest.endswith(MEMORY_PASSAGES_SUFFIX):
             rest, passages = rest[:-len(MEMORY_PASSAGES_SUFFIX)], True
+        landmark = 0
+        head, sep, lm_text = rest.rpartition(MEMORY_LANDMARK_PREFIX)
+        if sep:
+            if not lm_text.isdigit() or int(lm_text) < 1:
+                raise ValueError(f"configuration {whole!r}: lm must be a whole number >= 1 (tokens a landmark "
+                                 f"averages), as in {MEMORY_CONFIG}{MEMORY_LANDMARK_PREFIX}16")
+            rest, landmark = head, int(lm_text)
         principal = rest.endswith(MEMORY_AXES_SUFFIX)
         if principal:
             rest = rest[:-len(MEMORY_AXES_SUFFIX)]
@@ -142,11 +153,11 @@ class NamedConfig:
             m, c = DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS
             return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
                        passages=passages, hold=hold, memory_type=memory_type, select_tokens=last,
-                       principal_axes=principal)
+                       principal_axes=principal, landmark=landmark)
         prefix = MEMORY_CONFIG + ":m="
         if not rest.startswith(prefix):
             raise ValueError(f"configuration {whole!r}: spell a memory as {MEMORY_CONFIG}[:m=N[:c=C]][:last=T][:q4_0]"
-                             f"[:principal][:passages][:layer][:hold], e.g. {prefix}64")
+                             f"[:principal][:lm=L][:passages][:layer][:hold], e.g. {prefix}64")
         m_text, _, c_text = rest[len(prefix):].partition(":c=")
         if not m_text.isdigit() or int(m_text) < 1:
             raise ValueError(f"configuration {whole!r}: m must be a whole number >= 1, as in {prefix}64")
@@ -165,7 +176,7 @@ class NamedConfig:
             c = MEMORY_CANDIDATES_PER_BLOCK * m
         return cls(MEMORY_CONFIG, memory_blocks=m, memory_candidates=c, memory_selection=selection,
                    passages=passages, hold=hold, memory_type=memory_type, select_tokens=last,
-                       principal_axes=principal)
+                   principal_axes=principal, landmark=landmark)
 
     @property
     def name(self) -> str:
@@ -178,6 +189,7 @@ class NamedConfig:
                 + (f"{MEMORY_LAST_PREFIX}{self.select_tokens}" if self.select_tokens else "")
                 + (f":{self.memory_type}" if self.memory_type else "")
                 + (MEMORY_AXES_SUFFIX if self.principal_axes else "")
+                + (f"{MEMORY_LANDMARK_PREFIX}{self.landmark}" if self.landmark else "")
                 + (MEMORY_PASSAGES_SUFFIX if self.passages else "")
                 + (MEMORY_LAYER_SUFFIX if self.memory_selection == "layer" else "")
                 + (MEMORY_HOLD_SUFFIX if self.hold else ""))
@@ -196,5 +208,6 @@ class NamedConfig:
         store = f", {self.memory_type} store" if self.memory_type else ""
         last = f", the question's last {self.select_tokens} tokens select" if self.select_tokens else ""
         axes = ", principal axes" if self.principal_axes else ""
-        return (f"Λ + memory (m = {self.memory_blocks}{rerank}{last}{layer}{axes}, B = {block_size}, "
+        landmarks = f", landmarks of {self.landmark}" if self.landmark else ""
+        return (f"Λ + memory (m = {self.memory_blocks}{rerank}{landmarks}{last}{layer}{axes}, B = {block_size}, "
                 f"{keys}{store}{hold})")

@@ -175,12 +175,12 @@ MEMORY_AXES = {"channels": 0, "principal": 1}
 
 
 def memory_open(ctx: int, path: Optional[str], directory: Optional[str], keep: bool, type_id: int,
-                capacity: int, reopen: bool = False, axes: str = "channels") -> None:
+                capacity: int, reopen: bool = False, axes: str = "channels", landmark: int = 0) -> None:
     """Open the memory's store (the library's reason, e.g. an unwritable path or a full disk, is the ValueError)."""
     if axes not in MEMORY_AXES:
         raise ValueError(f"memory axes {axes!r}: use one of {', '.join(MEMORY_AXES)}")
     _core.memory_open(ctx, path or "", directory or "", bool(keep), int(type_id), int(capacity), bool(reopen),
-                      MEMORY_AXES[axes])
+                      MEMORY_AXES[axes], int(landmark))
 
 
 def memory_axes(ctx: int, layer: int) -> Tuple[np.ndarray, bool]:

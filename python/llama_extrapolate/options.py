@@ -105,6 +105,11 @@ def _specs() -> Dict[str, OptionSpec]:
                                        "key channels (Quest's) or each KV head's principal axes of the document's "
                                        f"first keys, a tighter bound (default {DEFAULT_MEMORY_AXES})",
                    choices=MEMORY_AXES_CHOICES),
+        OptionSpec("memory_landmark", int, "rank the memory's blocks by landmarks, the means of each run of L of a "
+                                           "block's keys (a divisor of the block size), instead of the min/max bound: "
+                                           "the block that holds an answer ranks near the top where the bound puts it "
+                                           "among hundreds, so fewer candidates are reranked (default or 0: the bound)",
+                   minimum=0),
         OptionSpec("profile", str, "calibration profile: softmax temperature schedule tau(p)"),
         OptionSpec("profile_mode", str, "which of the profile's fits", choices=PROFILE_MODE_CHOICES,
                    default="pmax"),
@@ -190,6 +195,7 @@ class AttentionOptions:
     memory_select_tokens: Optional[int] = None
     memory_type: Optional[str] = None
     memory_axes: Optional[str] = None
+    memory_landmark: Optional[int] = None
     profile: Optional[str] = None
     profile_mode: str = "pmax"
 
@@ -259,7 +265,7 @@ class AttentionOptions:
             if self.memory_selection is not None:
                 overrides.update(memory_selection=self.memory_selection)
         elif (flag := next((f for f in ("memory_candidates", "memory_selection", "memory_block_size", "passages",
-                                        "memory_answer", "memory_select_tokens")
+                                        "memory_answer", "memory_select_tokens", "memory_landmark")
                             if getattr(self, f) not in (None, False)), None)) is not None:
             value = "" if flag == "passages" else f" {getattr(self, flag)}"
             raise ValueError(f"{OPTIONS[flag].flag}{value} without the document memory: it says how "

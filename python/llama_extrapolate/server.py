@@ -112,13 +112,15 @@ def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
     kwargs: Dict[str, Any] = dict(attention=attention)
     if resolved.memory:
         kwargs.update(memory_type=options.memory_type_on(info), memory_axes=options.memory_axes_or_default(),
+                      memory_landmark=settings.memory_landmark or 0,
                       memory_answer=options.memory_answer_or_default(),
                       memory_select_tokens=settings.memory_select_tokens,
                       memory_dir=settings.memory_dir,
                       memory_capacity=settings.memory_capacity)
-    elif settings.memory_type is not None or settings.memory_dir is not None or settings.memory_axes is not None:
-        raise ValueError("memory_type/memory_dir/memory_axes with the document memory off: drop them, or set "
-                         "memory_blocks")
+    elif (settings.memory_type is not None or settings.memory_dir is not None or settings.memory_axes is not None
+          or settings.memory_landmark):
+        raise ValueError("memory_type/memory_dir/memory_axes/memory_landmark with the document memory off: drop "
+                         "them, or set memory_blocks")
     if resolved.top_k > 0 and resolved.top_k_scope == "question":
         kwargs.update(question_tokens=settings.question_tokens)
     if settings.checkpoint_path is not None:
@@ -388,6 +390,10 @@ def llama_server_args(settings: ExtrapolateSettings) -> List[str]:
             raise ValueError(f"memory_axes={kwargs['memory_axes']} with --llama_server: llama.cpp's server "
                              "summarizes the memory's blocks along the key channels; use `llama-extrapolate serve` "
                              "without --llama_server, or memory_axes=channels")
+        if kwargs["memory_landmark"]:
+            raise ValueError(f"memory_landmark={kwargs['memory_landmark']} with --llama_server: llama.cpp's server "
+                             "ranks the memory's blocks by the bound; use `llama-extrapolate serve` without "
+                             "--llama_server, or drop it")
         args += ["--memory-capacity", str(kwargs["memory_capacity"]), "--memory-type", kwargs["memory_type"]]
         if kwargs.get("memory_dir"):
             args += ["--memory-dir", kwargs["memory_dir"]]

@@ -190,6 +190,7 @@ class MemorySettings(NamedTuple):
     hold: bool = False  # the answer attends to the blocks its question selected
     memory_type: Optional[str] = None  # the store's type (None: NAMED_CONFIG_STORE, f16 for odd heads)
     principal_axes: bool = False  # the block summaries along the principal axes of the first keys
+    landmark: int = 0  # tokens a landmark averages (0: the bound ranks the blocks)
 
 
 def memory_config_name(name: str) -> str:
@@ -207,7 +208,7 @@ def memory_settings_of(name: str) -> Optional[MemorySettings]:
         return None
     named = NamedConfig.parse(name)
     return MemorySettings(named.memory_blocks, named.memory_candidates, named.memory_selection, named.passages,
-                          named.hold, named.memory_type, named.principal_axes)
+                          named.hold, named.memory_type, named.principal_axes, named.landmark)
 
 
 def memory_blocks_of(name: str) -> Optional[int]:
@@ -227,6 +228,7 @@ class EvalSetup:
     memory_capacity: Optional[int] = None  # tokens the document memory is opened for
     memory_type: Optional[str] = None  # the store's type: the name's, else options.NAMED_CONFIG_STORE
     memory_axes: Optional[str] = None  # the block summaries' axes ("principal"; None: the library's default)
+    memory_landmark: int = 0  # tokens a landmark averages (0: the bound ranks the blocks)
 
     def llama_kwargs(self) -> dict:
         """What ``Llama`` needs besides the attention and n_ctx (the document memory's capacity, store type and
@@ -236,6 +238,8 @@ class EvalSetup:
             kwargs["memory_type"] = self.memory_type
         if self.memory_axes:
             kwargs["memory_axes"] = self.memory_axes
+        if self.memory_landmark:
+            kwargs["memory_landmark"] = self.memory_landmark
         return kwargs
 
     @property
@@ -307,7 +311,8 @@ def setup_for(name: str, info, n_tokens: int, n_batch: int, *, window: Optional[
         return EvalSetup(name, cfg, cfg.resolve(info).required_n_ctx(n_batch, stream=n_tokens),
                          memory_capacity=n_tokens + n_batch,
                          memory_type=memory.memory_type or memory_type_for(info, NAMED_CONFIG_STORE),
-                         memory_axes="principal" if memory.principal_axes else "channels")
+                         memory_axes="principal" if memory.principal_axes else "channels",
+                         memory_landmark=memory.landmark)
     elif name == "log-length":
         return EvalSetup(name, AttentionConfig(sinks=0, window=0, ceiling=0, temperature_schedule="log-length"), full)
     else:

@@ -1,0 +1,153 @@
+"""The document memory's landmarks (patch 0012, memory_landmark=n): the blocks ranked by the mean of runs of keys.
+
+Quest's box over 64 scattered keys ranks the block that holds a needle among hundreds at 32k tokens
+(studies/memory/first_stage.py), so the rerank must read half the document's keys to find it. With landmarks each
+block also keeps the mean of each run of n of its keys (ShadowKV's landmarks, in the key channels, rounded as the
+summaries are: F16 for the tiny model's heads of 16), and a selecting ubatch ranks the blocks by their largest
+landmark q.k over its queries instead of the bound; the rerank, when asked for, reranks the landmarks' best
+candidates. Checked against numpy: the selection is numpy's top m of that score over the stored keys (and not the
+bound's somewhere), the rerank takes the landmarks' candidates, the logits are the oracle's given the selection, a
+state carries the landmarks, a state without them is refused, and bad values are named.
+"""
+
+import numpy as np
+import pytest
+
+from conftest import memory_state_round_trip
+from test_memory import (B, H0, M, N_SELECTABLE, QUESTION, S, assert_logits_given, block_bound, make_llm,  # noqa: F401
+                         memory_config, q8_0_rounded, question_queries, read_and_ask, rerank_of, selection,
+                         stored_blocks, tiny, tiny_hd32)
+from test_memory_axes import assert_top_m_of
+
+LANDMARK = 8  # tokens a landmark averages: 4 landmarks a block of 32
+
+
+def landmark_score(qg, keys, n=LANDMARK):
+    """A block's largest q.k over its landmarks (the means of its runs of n stored keys, as the library keeps them:
+    F16 for heads of 16; Q8_0 for heads of a multiple of 32, whose product rounds the queries to q8_0 too) and the
+    queries qg."""
+    means = keys.astype(np.float32).reshape(-1, n, keys.shape[-1]).mean(1)
+    if keys.shape[-1] % 32 == 0:
+        return (q8_0_rounded(qg) @ q8_0_rounded(means).T).max()
+    return (qg @ means.astype(np.float16).astype(np.float64).T).max()
+
+
+def ask(path, model, tokens, **config):
+    llm = make_llm(path, memory_config(**config), memory_landmark=LANDMARK)
+    try:
+        got = read_and_ask(llm, tokens)
+        return got, selection(llm, model), stored_blocks(llm, model, N_SELECTABLE), llm.memory_info()
+    finally:
+        llm.close()
+
+
+@pytest.fixture(scope="module")
+def by_landmarks(tiny):
+    model, path, tokens = tiny
+    return ask(path, model, tokens)
+
+
+def test_the_blocks_are_ranked_by_their_best_landmark(tiny, by_landmarks):
+    model, _, tokens = tiny
+    got, sel, stored, info = by_landmarks
+    assert info["n_landmark"] == LANDMARK
+    queries = question_queries(model, tokens, sel)
+    differ = 0
+    for il in range(H0, model.n_layer):
+        for g in range(model.n_head_kv):
+            keys = [stored[(b, il, g)][0] for b in range(N_SELECTABLE)]
+            score = np.array([landmark_score(queries[(il, g)], k) for k in keys])
+            assert_top_m_of(score, sel[il][g], (il, g))
+            bound = np.array([block_bound(queries[(il, g)], k) for k in keys])
+            differ += set(np.argsort(-bound, kind="stable")[:M].tolist()) != set(sel[il][g].tolist())
+    assert differ > 0, "the bound must select otherwise somewhere for the test to tell the landmarks apart"
+    assert_logits_given(model, tokens, got, sel)
+
+
+def test_the_rerank_takes_the_landmarks_candidates(tiny):
+    model, path, tokens = tiny
+    got, sel, stored, _ = ask(path, model, tokens, memory_candidates=4)
+    queries = question_queries(model, tokens, sel)
+    for il in range(H0, model.n_layer):
+        for g in range(model.n_head_kv):
+            keys = [stored[(b, il, g)][0] for b in range(N_SELECTABLE)]
+            score = np.array([landmark_score(queries[(il, g)], k) for k in keys])
+            exact = np.array([(queries[(il, g)] @ k.T.astype(np.float64)).max() for k in keys])
+            assert_top_m_of(rerank_of(score, exact, 4, defined=False)[1], sel[il][g], (il, g))
+    assert_logits_given(model, tokens, got, sel)
+
+
+def test_the_landmarks_ram_is_counted(tiny, by_landmarks):
+    model, path, _ = tiny
+    _, _, _, info = by_landmarks
+    llm = make_llm(path, memory_config())
+    try:
+        without = llm.memory_info()["bytes_in_ram"]
+    finally:
+        llm.close()
+    n_stored = model.n_layer - H0
+    landmarks = n_stored * model.n_head_kv * info["n_blocks_cap"] * (B // LANDMARK) * model.head_dim * 2  # F16
+    # the same memory but its landmarks (the block being filled counts in both: compare before it differs)
+    assert info["bytes_in_ram"] - without >= landmarks
+
+
+def test_a_state_carries_the_landmarks_and_one_without_is_refused(tiny, capfd):
+    model, path, tokens = tiny
+    made = []
+
+    def make():
+        made.append(make_llm(path, memory_config(), memory_landmark=LANDMARK))
+        return made[-1]
+
+    r = memory_state_round_trip(make, tokens, QUESTION - 7, range(H0, model.n_layer))
+    for il, want in r["want_sel"].items():
+        np.testing.assert_array_equal(r["got_sel"][il], want)
+    np.testing.assert_allclose(r["got"], r["want"], atol=1e-4, rtol=0)
+
+    other = make_llm(path, memory_config())  # no landmarks
+    try:
+        capfd.readouterr()
+        with pytest.raises(Exception, match="state"):
+            other.load_state(r["state"])
+        # llama-cpp-python raises a bare "Failed to set llama state data": the reason is in llama.cpp's log
+        assert "has landmarks of 8 keys, this one no landmarks" in capfd.readouterr().err
+    finally:
+        other.close()
+
+
+def test_heads_of_32_channels_rank_by_q8_0_landmarks(tiny_hd32):
+    """Heads of 32 channels keep their landmarks in Q8_0, as their summaries (34 bytes a landmark), and the product
+    takes them as kept: the selection is numpy's top m of the Q8_0 landmarks' scores against q8_0-rounded queries."""
+    model, path, tokens = tiny_hd32
+    llm = make_llm(path, memory_config(), memory_landmark=LANDMARK)
+    try:
+        ram = llm.memory_info()["bytes_in_ram"]
+        got = read_and_ask(llm, tokens)
+        sel = selection(llm, model)
+        stored = stored_blocks(llm, model, N_SELECTABLE)
+    finally:
+        llm.close()
+    n_stored, cap, row = model.n_layer - H0, 512 // B, model.n_head_kv * model.head_dim
+    pending = 2 * n_stored * B * row * 4  # the block being filled, in F32
+    assert ram == (2 + B // LANDMARK) * n_stored * cap * row * 34 // 32 + pending
+    queries = question_queries(model, tokens, sel)
+    for il in range(H0, model.n_layer):
+        for g in range(model.n_head_kv):
+            score = np.array([landmark_score(queries[(il, g)], stored[(b, il, g)][0]) for b in range(N_SELECTABLE)])
+            assert_top_m_of(score, sel[il][g], (il, g))
+    assert_logits_given(model, tokens, got, sel)
+
+
+@pytest.mark.parametrize("landmark", [5, 64, -1, True])
+def test_bad_landmarks_are_named(tiny, landmark):
+    _, path, _ = tiny
+    with pytest.raises(ValueError, match=f"memory_landmark={landmark!r}.*divisor of the memory's block size {B}"):
+        make_llm(path, memory_config(), memory_landmark=landmark)
+
+
+def test_landmarks_need_the_memory(tiny):
+    _, path, _ = tiny
+    from llama_extrapolate import AttentionConfig
+
+    with pytest.raises(ValueError, match="memory_landmark"):
+        make_llm(path, AttentionConfig(sinks=S, window=32, ceiling=32), memory_landmark=LANDMARK)
