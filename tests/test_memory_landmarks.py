@@ -2,7 +2,7 @@
 
 Quest's box over 64 scattered keys ranks the block that holds a needle among hundreds at 32k tokens
 (studies/memory/first_stage.py), so the rerank must read half the document's keys to find it. With landmarks each
-block also keeps the mean of each run of n of its keys (ShadowKV's landmarks, in the key channels, rounded as the
+block keeps the mean of each run of n of its keys instead of its box (ShadowKV's landmarks, in the key channels, rounded as the
 summaries are: F16 for the tiny model's heads of 16), and a selecting ubatch ranks the blocks by their largest
 landmark q.k over its queries instead of the bound; the rerank, when asked for, reranks the landmarks' best
 candidates. Checked against numpy: the selection is numpy's top m of that score over the stored keys (and not the
@@ -77,7 +77,10 @@ def test_the_rerank_takes_the_landmarks_candidates(tiny):
     assert_logits_given(model, tokens, got, sel)
 
 
-def test_the_landmarks_ram_is_counted(tiny, by_landmarks):
+def test_the_landmarks_take_the_place_of_the_summaries_in_ram(tiny, by_landmarks):
+    """A block keeps its B / L landmarks instead of its center and radius: the RAM of a memory with landmarks is that
+    of one without, less two summary rows and plus B / L landmark rows (F16, heads of 16) per block, KV head and
+    stored layer of the capacity."""
     model, path, _ = tiny
     _, _, _, info = by_landmarks
     llm = make_llm(path, memory_config())
@@ -85,10 +88,13 @@ def test_the_landmarks_ram_is_counted(tiny, by_landmarks):
         without = llm.memory_info()["bytes_in_ram"]
     finally:
         llm.close()
-    n_stored = model.n_layer - H0
-    landmarks = n_stored * model.n_head_kv * info["n_blocks_cap"] * (B // LANDMARK) * model.head_dim * 2  # F16
-    # the same memory but its landmarks (the block being filled counts in both: compare before it differs)
-    assert info["bytes_in_ram"] - without >= landmarks
+    llm = make_llm(path, memory_config(), memory_landmark=LANDMARK)
+    try:
+        with_landmarks = llm.memory_info()["bytes_in_ram"]
+    finally:
+        llm.close()
+    rows = (model.n_layer - H0) * model.n_head_kv * info["n_blocks_cap"]
+    assert with_landmarks - without == (B // LANDMARK - 2) * rows * model.head_dim * 2
 
 
 def test_a_state_carries_the_landmarks_and_one_without_is_refused(tiny, capfd):
@@ -129,7 +135,7 @@ def test_heads_of_32_channels_rank_by_q8_0_landmarks(tiny_hd32):
         llm.close()
     n_stored, cap, row = model.n_layer - H0, 512 // B, model.n_head_kv * model.head_dim
     pending = 2 * n_stored * B * row * 4  # the block being filled, in F32
-    assert ram == (2 + B // LANDMARK) * n_stored * cap * row * 34 // 32 + pending
+    assert ram == (B // LANDMARK) * n_stored * cap * row * 34 // 32 + pending  # no min/max summaries
     queries = question_queries(model, tokens, sel)
     for il in range(H0, model.n_layer):
         for g in range(model.n_head_kv):
@@ -143,6 +149,12 @@ def test_bad_landmarks_are_named(tiny, landmark):
     _, path, _ = tiny
     with pytest.raises(ValueError, match=f"memory_landmark={landmark!r}.*divisor of the memory's block size {B}"):
         make_llm(path, memory_config(), memory_landmark=landmark)
+
+
+def test_landmarks_with_the_principal_axes_are_refused(tiny):
+    _, path, _ = tiny
+    with pytest.raises(ValueError, match="memory_landmark=8 with memory_axes='principal'.*drop one"):
+        make_llm(path, memory_config(), memory_landmark=LANDMARK, memory_axes="principal")
 
 
 def test_landmarks_need_the_memory(tiny):

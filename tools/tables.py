@@ -507,6 +507,22 @@ def table_memory_needle_selection(r: Path) -> str:
               rows)
 
 
+def table_memory_first_stage(r: Path) -> str:
+    """Which first stage keeps the needle's block among the candidates (studies/memory/first_stage.py, one JSON line
+    per prompt and method): of the (layer, KV head) pairs whose exact top m holds the needle's block, in how many the
+    method's best c hold it, and the share of the exact top m its best c hold."""
+    rows_in = [json.loads(line) for line in (STUDY / "first_stage.jsonl").read_text().splitlines() if line]
+    rows = []
+    for x in rows_in:
+        cs = sorted(x["needle_kept"], key=int)
+        rows.append([k(x["length"]), f"{x['depth']:g}", x["n_blocks"], x["method"],
+                     *(f"{x['needle_kept'][c]} of {x['pairs_needle_in_exact_top_m']}" for c in cs),
+                     " / ".join(f"{x['top_m_recall'][c]:.2f}" for c in cs)])
+    cs = sorted(rows_in[0]["needle_kept"], key=int) if rows_in else []
+    return md(["length", "depth", "blocks", "first stage", *(f"needle kept, best {c}" for c in cs),
+               f"exact top m held, best {' / '.join(cs)}"], rows)
+
+
 def table_memory_rss_phases(r: Path) -> str:
     """What the memory's peak RSS is made of (studies/memory/rss_phases.py, one JSON line per run): the peak
     (VmHWM) after the reading, after the question and after the answer, and the resident memory after the question
@@ -990,6 +1006,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-needle-multi-qwen": table_memory_needle_multi_qwen,
     "memory-needle-blocks": table_memory_needle_blocks,
     "memory-needle-selection": table_memory_needle_selection,
+    "memory-first-stage": table_memory_first_stage,
     "memory-rss-phases": table_memory_rss_phases,
     "memory-cost": table_memory_cost,
     "memory-step": table_memory_step,
@@ -1012,7 +1029,7 @@ AREAS: Dict[str, List[str]] = {
     "calibration": ["calibration-stats", "calibration-tau", "calibration-nll"],
     "receptive-fields": ["trf", "erf"],
     "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-needle-multi-qwen",
-               "memory-needle-blocks", "memory-needle-selection", "memory-rss-phases", "memory-cost", "memory-step",
+               "memory-needle-blocks", "memory-needle-selection", "memory-first-stage", "memory-rss-phases", "memory-cost", "memory-step",
                "memory-scale", "memory-resume"],
     "server": ["server-ttft"],
     "ruler": ["ruler", "model-qa", "reading-speed"],

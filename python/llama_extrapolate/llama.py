@@ -283,10 +283,11 @@ class Llama(llama_cpp.Llama):
         ``memory_reopen`` opens such a file as it was left, so that ``load_state`` of a state that references it
         goes on from its blocks (a checkpointed reading resumes without reading or copying the store).
 
-        ``landmark`` = n > 0 keeps, besides each block's min/max summary, the mean of each run of n of its keys, and a
-        question ranks the blocks by their best landmark's q.k instead of the bound: scattered keys widen a block's
-        box until the bound ranks the one block that holds an answer among hundreds, while the mean of the few
-        keys around it still points at it (at Llama-2-7B's shapes, 16 tokens a landmark: 0.96 GB at 128k)."""
+        ``landmark`` = n > 0 keeps, instead of each block's min/max summary, the mean of each run of n of its keys,
+        and a question ranks the blocks by their best landmark's q.k instead of the bound: scattered keys widen a
+        block's box until the bound ranks the one block that holds an answer among hundreds, while the mean of the
+        few keys around it still points at it (at Llama-2-7B's shapes and 128k tokens, 16 tokens a landmark: 0.96 GB
+        of RAM where the summaries take 0.48)."""
         from .config import MEMORY_TYPES
 
         if type_name not in MEMORY_TYPES:
@@ -313,6 +314,9 @@ class Llama(llama_cpp.Llama):
                 or (landmark and (landmark > block or block % landmark))):
             raise ValueError(f"memory_landmark={landmark!r}: give the tokens a landmark averages, a divisor of the "
                              f"memory's block size {block} (e.g. {max(1, block // 4)}), or 0 for the bound")
+        if landmark and axes != "channels":
+            raise ValueError(f"memory_landmark={landmark} with memory_axes={axes!r}: the axes are those of the blocks' "
+                             "min/max summaries, which the landmarks replace; drop one of them")
         native.memory_open(self._attention_context("memory"), path, directory, keep, MEMORY_TYPES[type_name],
                            capacity, bool(reopen), axes, landmark)
         self.memory_capacity = capacity
