@@ -209,5 +209,7 @@ class NamedConfig:
         last = f", the question's last {self.select_tokens} tokens select" if self.select_tokens else ""
         axes = ", principal axes" if self.principal_axes else ""
         landmarks = f", landmarks of {self.landmark}" if self.landmark else ""
+        if self.landmark and not self.memory_candidates:
+            rerank, landmarks = f", landmarks of {self.landmark} only", ""
         return (f"Λ + memory (m = {self.memory_blocks}{rerank}{landmarks}{last}{layer}{axes}, B = {block_size}, "
                 f"{keys}{store}{hold})")
