@@ -157,6 +157,21 @@ def test_landmarks_with_the_principal_axes_are_refused(tiny):
         make_llm(path, memory_config(), memory_landmark=LANDMARK, memory_axes="principal")
 
 
+def test_run_ranks_by_landmarks(tiny, tmp_path, capsys):
+    """`run --memory-landmark 8 --memory-candidates 4` opens the memory with landmarks and says so."""
+    from llama_extrapolate import cli
+
+    _, path, _ = tiny
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    rc = cli.main(["run", "--model", str(path), "--file", str(doc), "--prompt", "What jumps?", "--window", "32",
+                   "--sinks", "4", "--max-tokens", "4", "--n-batch", "32", "--no-chat", "--memory-blocks", "2",
+                   "--memory-block-size", "32", "--memory-landmark", str(LANDMARK), "--memory-candidates", "4"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert f"2 selected per head ranked by landmarks of {LANDMARK} keys" in err
+
+
 def test_landmarks_need_the_memory(tiny):
     _, path, _ = tiny
     from llama_extrapolate import AttentionConfig
