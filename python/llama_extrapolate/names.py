@@ -107,6 +107,17 @@ class NamedConfig:
         """Whether ``name`` is spelled as a document-memory configuration (malformed or not)."""
         return name == MEMORY_CONFIG or name.startswith(MEMORY_CONFIG + ":")
 
+    @staticmethod
+    def _take_count(whole: str, rest: str, prefix: str, what: str, example: int) -> tuple:
+        """(rest without its last ``prefix``N, N), or (rest, 0) without one; ValueError when N is not a count."""
+        head, sep, text = rest.rpartition(prefix)
+        if not sep:
+            return rest, 0
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"configuration {whole!r}: {prefix.strip(':=')} must be a whole number >= 1 ({what}), "
+                             f"as in {MEMORY_CONFIG}{prefix}{example}")
+        return head, int(text)
+
     @classmethod
     def parse(cls, name: str, *, stored: bool = False) -> "NamedConfig":
         """The configuration a name spells; ValueError names the malformed part and shows a good spelling.
@@ -127,26 +138,14 @@ class NamedConfig:
             rest, selection = rest[:-len(MEMORY_LAYER_SUFFIX)], "layer"
         if rest.endswith(MEMORY_PASSAGES_SUFFIX):
             rest, passages = rest[:-len(MEMORY_PASSAGES_SUFFIX)], True
-        landmark = 0
-        head, sep, lm_text = rest.rpartition(MEMORY_LANDMARK_PREFIX)
-        if sep:
-            if not lm_text.isdigit() or int(lm_text) < 1:
-                raise ValueError(f"configuration {whole!r}: lm must be a whole number >= 1 (tokens a landmark "
-                                 f"averages), as in {MEMORY_CONFIG}{MEMORY_LANDMARK_PREFIX}16")
-            rest, landmark = head, int(lm_text)
+        rest, landmark = cls._take_count(whole, rest, MEMORY_LANDMARK_PREFIX, "tokens a landmark averages", 16)
         principal = rest.endswith(MEMORY_AXES_SUFFIX)
         if principal:
             rest = rest[:-len(MEMORY_AXES_SUFFIX)]
         memory_type = next((t for t in MEMORY_STORE_TYPES if rest.endswith(":" + t)), None)
         if memory_type is not None:
             rest = rest[:-len(memory_type) - 1]
-        last = 0
-        head, sep, last_text = rest.rpartition(MEMORY_LAST_PREFIX)
-        if sep:
-            if not last_text.isdigit() or int(last_text) < 1:
-                raise ValueError(f"configuration {whole!r}: last must be a whole number >= 1, as in "
-                                 f"{MEMORY_CONFIG}{MEMORY_LAST_PREFIX}32")
-            rest, last = head, int(last_text)
+        rest, last = cls._take_count(whole, rest, MEMORY_LAST_PREFIX, "the question's last tokens that select", 32)
         if rest == MEMORY_CONFIG:
             from .config import DEFAULT_MEMORY_BLOCKS, MEMORY_CANDIDATES_PER_BLOCK
 
