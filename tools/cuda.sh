@@ -122,7 +122,10 @@ unity = "".join(u.read_text() for u in build.rglob("Unity/unity_*.cxx") if Path(
 compiled, not_built = [], []
 for f in patched:
     rel = re.sub(r"^(ggml/src|src)/", "", f)
-    own_object = glob.glob(str(build / "**" / f"*.dir/{rel}.o"), recursive=True)
+    # (a source of a subdirectory with a target of its own, ggml-rpc's, compiles in that directory's CMakeFiles)
+    own_object = (glob.glob(str(build / "**" / f"*.dir/{rel}.o"), recursive=True)
+                  or glob.glob(str(build / "**" / os.path.dirname(f) / "CMakeFiles" / "*.dir" / f"{os.path.basename(f)}.o"),
+                               recursive=True))
     in_unity = f'/_deps/llama.cpp/{f}"' in unity
     (compiled if own_object or in_unity else not_built).append(f)
 
