@@ -8,8 +8,8 @@ CPU device, is only used when named there), so each backend's run is a process o
 SPEC: {"model", "attention" (AttentionConfig fields), "n_gpu_layers", "tokens", "question" (top-k/memory from
 there on, or null), "llama" (other Llama keywords), "stats" (read the attention statistics), "stats_reduce" (where
 they are reduced, default "auto")}. Writes
-OUT_PREFIX.npy (the logits) and OUT_PREFIX.json (the devices of the layers, the memory's selection, the
-statistics).
+OUT_PREFIX.npy (the logits) and OUT_PREFIX.json (the devices of the layers, the memory's selection and the keys
+its landmarks average, the statistics).
 """
 
 import contextlib
@@ -43,6 +43,7 @@ def main(spec_path: str, out: str) -> None:
             n_layer = len(facts["devices"]["layers"])
             facts["selection"] = {il: np.asarray(llm.memory_selection(il)).tolist()
                                   for il in range(llm.attention_resolved.top_k_layer, n_layer)}
+            facts["n_landmark"] = llm.memory_info()["n_landmark"]
         if spec.get("stats"):
             read = stats.AttentionStats.read(llm)
             facts["stats"] = {k: np.asarray(getattr(read, k)).tolist() for k in stats.FIELDS + ("mass",)}

@@ -159,16 +159,20 @@ def test_flash_attention_with_the_ceiling_on_the_gpu(gpu, tiny_llama, tmp_path):
                                     cpu_tol=3e-2)
 
 
-def test_memory_with_offloaded_layers_selects_the_cpus_blocks(gpu, tiny_llama, tmp_path):
+@pytest.mark.parametrize("landmark", [0, 16])
+def test_memory_with_offloaded_layers_selects_the_cpus_blocks(gpu, tiny_llama, tmp_path, landmark):
     """The document memory with every layer on the GPU device and the KV cache in host memory (offload_kqv=False:
-    the memory reads and writes its blocks there): each layer's KV heads select the blocks the CPU backend selects,
-    and the answer's logits are the oracle's given those blocks, within the backend's error. (On lavapipe this
-    crashed until patch 0004: ggml-vulkan left stale buffers in the descriptor bindings a pipeline does not use, and
-    the question's larger graphs reallocate the compute buffer.)"""
+    the memory reads and writes its blocks there), its blocks ranked by the bound or by landmarks of 16 keys (run's
+    default): each layer's KV heads select the blocks the CPU backend selects, and the answer's logits are the
+    oracle's given those blocks, within the backend's error. (On lavapipe this crashed until patch 0004: ggml-vulkan
+    left stale buffers in the descriptor bindings a pipeline does not use, and the question's larger graphs
+    reallocate the compute buffer.)"""
     model, path = tiny_llama
     tokens = random_tokens(model, N_TOKENS, seed=2)
     attention = dict(LAMBDA, **TOP_K, **MEMORY)
-    got, facts, cpu, cpu_facts = both(gpu, tmp_path, path, attention, tokens, question=QUESTION, offload_kqv=False)
+    got, facts, cpu, cpu_facts = both(gpu, tmp_path, path, attention, tokens, question=QUESTION, offload_kqv=False,
+                                      memory_landmark=landmark)
+    assert facts["n_landmark"] == cpu_facts["n_landmark"] == landmark
     assert facts["selection"] == cpu_facts["selection"], (facts["selection"], cpu_facts["selection"])
     sel = {int(il): np.asarray(s) for il, s in facts["selection"].items()}
     assert all((s >= 0).all() for s in sel.values()), sel
