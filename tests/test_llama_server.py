@@ -82,7 +82,7 @@ def chat(server, content: str, max_tokens: int = 16, stream: bool = False, cache
 
 def test_command_line_carries_the_settings(binary):
     """What `serve --llama_server` runs: the attention as metadata, the cache sized for it, one slot."""
-    from llama_extrapolate.config import DEFAULT_MEMORY_BLOCKS  # noqa: F401 (the metadata below)
+    from llama_extrapolate.config import DEFAULT_MEMORY_BLOCKS
     from llama_extrapolate.server import ExtrapolateSettings, llama_server_args
 
     args = llama_server_args(ExtrapolateSettings(window=WINDOW, memory_capacity=CAPACITY, n_threads=2))
@@ -95,6 +95,11 @@ def test_command_line_carries_the_settings(binary):
     # memory's selected blocks are in the graph (the document memory's patch, 0012)
     assert int(args[args.index("-c") + 1]) == 10 + WINDOW + 256 + 512 + 64 < CAPACITY
     assert "llama.attention.lambda.memory_per_layer=bool:false" in joined
+    # llama.cpp's server ranks by the bound (serve's default landmarks are the library's): the bound's candidates
+    from llama_extrapolate.config import MEMORY_CANDIDATES_PER_BLOCK
+
+    assert (f"llama.attention.lambda.memory_candidates=int:{MEMORY_CANDIDATES_PER_BLOCK * DEFAULT_MEMORY_BLOCKS}"
+            in joined), joined
     layer = " ".join(llama_server_args(ExtrapolateSettings(window=WINDOW, memory_capacity=CAPACITY, n_threads=2,
                                                            memory_selection="layer")))
     assert "llama.attention.lambda.memory_per_layer=bool:true" in layer
@@ -161,7 +166,9 @@ def test_a_stream_read_on_is_re_based_as_the_library_does(binary, tiny_llama, tm
     from llama_extrapolate.server import ExtrapolateModelSettings, attention_settings
 
     model, path = tiny_llama
-    built = attention_settings(ExtrapolateModelSettings(model=str(path), **settings))
+    # llama-server ranks the memory's blocks by the bound (llama_server_args): so does the library here
+    bound = dict(memory_landmark=0) if settings["memory_blocks"] else {}
+    built = attention_settings(ExtrapolateModelSettings(model=str(path), **settings, **bound))
     assert built["resolved"].memory == (settings["memory_blocks"] > 0)
     if built["resolved"].memory:
         built["kwargs"]["memory_answer"] = "select"  # as llama-server answers: its patch selects at every token

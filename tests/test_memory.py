@@ -800,6 +800,7 @@ def test_run_answers_about_the_beginning_of_a_long_document(default_model, tmp_p
     assert rc == 0, out.err
     assert "68512" in out.out, out.out
     assert "memory" in out.err and "selected per head" in out.err and "MiB on disk" in out.err
+    assert "ranked by landmarks of 16 keys" in out.err, out.err  # the default first stage
     # said before the reading: the store's reservation, and that the answer holds the question's blocks (default)
     assert "GiB reserved on disk for" in out.err and "KiB a token, q8_0" in out.err, out.err  # SmolLM2: the small q8_0 store
     assert "the answer holds the blocks its question selected" in out.err, out.err

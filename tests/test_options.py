@@ -88,3 +88,27 @@ def test_the_memorys_store_is_q8_0_where_it_is_small_and_q4_0_where_disk_asks_fo
     per_layer = replace(info, head_count_kv=[3] * 30)  # a list of each layer's KV heads counts alike
     assert memory_store_bytes_per_token(per_layer, "q8_0") == memory_store_bytes_per_token(info, "q8_0")
     assert memory_type_for(replace(info, key_length=80)) == "f16"
+
+
+def test_run_and_serve_rank_by_landmarks_with_two_candidates_per_block_unless_told(default_model):
+    """The default first stage is the landmarks of 16 keys, reranking 2m candidates (the bound's 2m lost needles its
+    16m found; the landmarks' 2m did not); asked for the bound (--memory-landmark 0, or principal axes, which are the
+    bound's), the candidates are the bound's 16m; candidates given are kept either way."""
+    import llama_extrapolate as le
+    from llama_extrapolate.config import MEMORY_CANDIDATES_PER_BLOCK
+    from llama_extrapolate.options import DEFAULT_MEMORY_LANDMARK, LANDMARK_CANDIDATES_PER_BLOCK, AttentionOptions
+
+    info = le.read_model_info(str(default_model))
+
+    def chosen(**given):
+        options, _ = AttentionOptions(**given).resolve_on(info)
+        resolved = options.attention(info).resolve(info)
+        return options.memory_landmark_or_default(), resolved.memory_candidates
+
+    m = chosen()[1] // LANDMARK_CANDIDATES_PER_BLOCK
+    assert chosen() == (DEFAULT_MEMORY_LANDMARK, LANDMARK_CANDIDATES_PER_BLOCK * m) == (16, 128)
+    assert chosen(memory_landmark=0) == (0, MEMORY_CANDIDATES_PER_BLOCK * m)
+    assert chosen(memory_axes="principal") == (0, MEMORY_CANDIDATES_PER_BLOCK * m)
+    assert chosen(memory_landmark=8, memory_candidates=300) == (8, 300)
+    assert chosen(memory_blocks=16) == (16, LANDMARK_CANDIDATES_PER_BLOCK * 16)
+    assert chosen(memory_landmark=16, memory_candidates=0) == (16, 0)  # the landmarks alone

@@ -1,6 +1,7 @@
 """State save/load of a Lambda stream: the library's state carries the position re-basing (patch 0007)."""
 
 import ctypes
+import json
 
 import numpy as np
 import pytest
@@ -299,6 +300,15 @@ def test_a_stopped_reading_goes_on_from_its_checkpoint_and_answers_as_one_that_n
     assert cli.main(base + ["--state", str(state)]) == 0
     out = capsys.readouterr()
     assert "restored (" in out.err and out.out == want
+    # asked with the blocks ranked by the bound instead of the default landmarks: the state's summaries are not
+    # these, so the kept store starts anew and the document is read again (not the library's refusal of the state)
+    assert cli.main(base + ["--state", str(state), "--memory-landmark", "0", "--quiet"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert json.loads((tmp_path / "doc.state.json").read_text())["memory"]["landmark"] == 0
+    assert cli.main(base + ["--state", str(state)]) == 0
+    out = capsys.readouterr()
+    assert "none for this document and settings; reading, then saving it" in out.err and out.out == want
+    assert json.loads((tmp_path / "doc.state.json").read_text())["memory"]["landmark"] == 16
     # the store it references deleted: the run says so and reads again
     store.unlink()
     assert cli.main(base + ["--state", str(state)]) == 0

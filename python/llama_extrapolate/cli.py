@@ -241,14 +241,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
             # summaries, not a copy of the store); a rerun reopens the file as the state left it, a run with other
             # settings starts it anew (its state will not be restored either)
             memory_file, keep = memory_file or str(state) + ".memory", True
-            reopen = reader.kept_memory_matches(state, memory_file, model, resolved, memory_type)
+            reopen = reader.kept_memory_matches(state, memory_file, model, resolved, memory_type,
+                                                options.memory_axes_or_default(), options.memory_landmark_or_default())
             if reopen and not Path(memory_file).is_file():
                 # the state was for these settings, but the store it references is gone (opening makes it anew)
                 notes.append(f"the state {state} references the memory file {memory_file}, which is gone: the "
                              "document is read again")
         memory = dict(memory_path=memory_file, memory_keep=keep, memory_reopen=reopen,
                       memory_type=memory_type, memory_axes=options.memory_axes_or_default(),
-                      memory_landmark=options.memory_landmark or 0,
+                      memory_landmark=options.memory_landmark_or_default(),
                       memory_answer=options.memory_answer_or_default(),
                       memory_select_tokens=options.memory_select_tokens,
                       memory_capacity=reader.memory_capacity(resolved, info, document, args.prompt,

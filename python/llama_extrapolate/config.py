@@ -41,7 +41,9 @@ DEFAULT_MEMORY_BLOCK = 64
 # 1/10) and as many pass keys; since the earlier series' patch 0023 the selected blocks take no cells of the cache (peak RSS at 16k,
 # W = 8192: 1.03x the bounded stream; docs/results.md)
 DEFAULT_MEMORY_BLOCKS = 64
-# the bound proposes this many times m blocks, of which the m with the largest exact q.k are selected (patch 0012):
+# the bound proposes this many times m blocks, of which the m with the largest exact q.k are selected (patch 0012;
+# AttentionConfig's default, and run's and serve's with --memory-landmark 0: with landmarks they take
+# options.LANDMARK_CANDIDATES_PER_BLOCK):
 # the bound alone lets blocks of scattered keys crowd the needle's block out as the document grows (the needle's
 # block selected by 63 and 53 of 75 layer/KV-head pairs at 16k and 32k tokens with m = 64, and both answers lost;
 # reranking 4m candidates: 73 and 64 pairs, both found). At 32k 4m still lose it: the needle in essays, two trials

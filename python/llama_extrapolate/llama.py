@@ -164,7 +164,8 @@ class Llama(llama_cpp.Llama):
             memory_type = memory_type_for(self.model_info)
         if checkpoint_path is not None:
             memory_path, memory_keep, memory_reopen = self._checkpoint_to(
-                checkpoint_path, checkpoint_every, memory_path, memory_keep, memory_reopen, memory_type)
+                checkpoint_path, checkpoint_every, memory_path, memory_keep, memory_reopen, memory_type,
+                memory_axes, memory_landmark)
         if expected.memory:
             self._open_memory(memory_path, memory_dir, memory_keep, memory_type, memory_capacity, memory_reopen,
                               memory_axes, memory_landmark)
@@ -326,7 +327,8 @@ class Llama(llama_cpp.Llama):
         self.memory_file = path if keep else None  # a file that outlives the context, referenced by its states
 
     def _checkpoint_to(self, path: str, every: float, memory_path: Optional[str], memory_keep: bool,
-                       memory_reopen: bool, memory_type: Optional[str]) -> tuple:
+                       memory_reopen: bool, memory_type: Optional[str], memory_axes: str,
+                       memory_landmark: int) -> tuple:
         """Checkpoint the reading of long prompts to ``path`` every ``every`` seconds, so that a process stopped
         in the middle of a reading of hours (a server restarted, a laptop shut) goes on from the last checkpoint
         when the same prompt comes back. The memory's blocks go to a kept file beside it (``path``.memory unless
@@ -351,7 +353,8 @@ class Llama(llama_cpp.Llama):
             memory_path = memory_path or str(state) + ".memory"
             memory_keep = True
             memory_reopen = memory_reopen or (Path(memory_path).is_file() and reader.kept_memory_matches(
-                state, memory_path, self.model_path, self.attention_resolved, memory_type))
+                state, memory_path, self.model_path, self.attention_resolved, memory_type, memory_axes,
+                memory_landmark))
             self._memory_reopened = memory_reopen
         self._checkpoints = reader.Checkpoints(self, state, every)
         return memory_path, memory_keep, memory_reopen

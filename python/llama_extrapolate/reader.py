@@ -148,19 +148,24 @@ def _state_fingerprint(llm) -> dict:
             "attention_sha256": hashlib.sha256(json.dumps(attention, sort_keys=True).encode()).hexdigest()}
 
 
-def memory_layout(model_path: str, resolved, memory_type: str) -> dict:
-    """What the blocks of a kept memory file are valid for (the file's layout): the model, the first stored layer,
-    the block size and the stored type."""
+def memory_layout(model_path: str, resolved, memory_type: str, axes: str, landmark: int) -> dict:
+    """What the blocks of a kept memory file and a state's summaries of them are valid for: the model, the first
+    stored layer, the block size, the stored type, and how the blocks are summarized (the bound's axes or the
+    landmarks), which the library checks again when the state is loaded."""
     import os
 
     return {"model": Path(model_path).name, "model_bytes": os.path.getsize(model_path),
-            "first_layer": resolved.top_k_layer, "block_size": resolved.memory_block_size, "type": memory_type}
+            "first_layer": resolved.top_k_layer, "block_size": resolved.memory_block_size, "type": memory_type,
+            "axes": axes, "landmark": int(landmark)}
 
 
-def kept_memory_matches(state: Path, memory_file: str, model_path: str, resolved, memory_type: str) -> bool:
+def kept_memory_matches(state: Path, memory_file: str, model_path: str, resolved, memory_type: str, axes: str,
+                        landmark: int) -> bool:
     """Whether the state saved at ``state`` references the kept memory file ``memory_file`` with this layout: then
-    a context reopens the file as the state left it (``memory_reopen``), else it starts the file anew."""
-    return state_memory(state) == {"file": memory_file, **memory_layout(model_path, resolved, memory_type)}
+    a context reopens the file as the state left it (``memory_reopen``), else it starts the file anew (a rerun with
+    other summaries reads the document again rather than meeting the library's refusal of the state)."""
+    return state_memory(state) == {"file": memory_file,
+                                   **memory_layout(model_path, resolved, memory_type, axes, landmark)}
 
 
 def ids_sha256(tokens: Sequence[int]) -> str:
@@ -267,7 +272,8 @@ def save_document_state(llm, path: Path) -> None:
             "write_s": round(time.perf_counter() - t0, 3)}
     if getattr(llm, "memory_file", None):
         meta["memory"] = {"file": llm.memory_file,
-                          **memory_layout(llm.model_path, llm.attention_resolved, llm.memory_type)}
+                          **memory_layout(llm.model_path, llm.attention_resolved, llm.memory_type,
+                                          llm.memory_axes, llm.memory_landmark)}
     meta_path.write_text(json.dumps(meta, indent=1))
 
 

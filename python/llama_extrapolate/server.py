@@ -112,7 +112,7 @@ def attention_settings(settings: ExtrapolateModelSettings) -> Dict[str, Any]:
     kwargs: Dict[str, Any] = dict(attention=attention)
     if resolved.memory:
         kwargs.update(memory_type=options.memory_type_on(info), memory_axes=options.memory_axes_or_default(),
-                      memory_landmark=settings.memory_landmark or 0,
+                      memory_landmark=options.memory_landmark_or_default(),
                       memory_answer=options.memory_answer_or_default(),
                       memory_select_tokens=settings.memory_select_tokens,
                       memory_dir=settings.memory_dir,
@@ -355,6 +355,9 @@ def llama_server_args(settings: ExtrapolateSettings) -> List[str]:
     with the attention these settings give ``serve``: the attention as ``--override-kv`` metadata (the library reads
     it at load), the cache sized for it, one slot (a stream serves one request at a time), the document memory's
     and the question's options (patch 0015). Settings that metadata cannot carry are refused, not dropped."""
+    if settings.memory_landmark is None:
+        # llama.cpp's server ranks the memory's blocks by the bound: its candidates are then the bound's default
+        settings = settings.model_copy(update=dict(memory_landmark=0))
     built = attention_settings(settings)
     info, resolved = built["info"], built["resolved"]
     if resolved.points_lengths or not np.all(resolved.temperature == resolved.temperature.flat[0]):
