@@ -871,7 +871,8 @@ def test_run_with_the_memory_on_a_short_document(tiny, tmp_path, capsys):
                    "--sinks", "4", "--max-tokens", "4", "--n-batch", "32", "--no-chat", "--passages"])
     err = capsys.readouterr().err
     assert rc == 0, err
-    assert f"top-k {DEFAULT_MEMORY_BLOCKS * 64} " in err and "selected per head, read whole" in err
+    assert f"top-k {DEFAULT_MEMORY_BLOCKS * 64} " in err, err
+    assert "selected per head ranked by landmarks of 16 keys, read whole" in err, err
 
 
 def test_a_state_holds_the_memory_and_the_stream_goes_on_the_same(tiny):
