@@ -900,8 +900,8 @@ def table_status(r: Path) -> str:
     q4, q8 = default + DEFAULT_STORE_SUFFIX, default + SMALL_STORE_SUFFIX
     memory = ("ranked by landmarks of 16 keys, 128 candidates (the default): Qwen2.5-Coder-0.5B finds the needle "
               + link(f"{_found(qwen, landmarks, 32768)} at 32k", "document-memory")
-              + f" ({_found(qwen, landmarks, 16384)} at 16k, {_found(qwen, landmarks, 65536)} at 64k), SmolLM2 {_found(needle, 'lambda+memory:m=64:c=128:q8_0:lm=16', 32768)} "
-              f"at 32k, SmolLM2's pass keys {_found(passkey, landmarks, 16384)} at 16k and "
+              + f" ({_found(qwen, landmarks, 16384)} at 16k, {_found(qwen, landmarks, 65536)} at 64k), SmolLM2 "
+              f"{_found(needle, 'lambda+memory:m=64:c=128:q8_0:lm=16', 32768)} at 32k, SmolLM2's pass keys {_found(passkey, landmarks, 16384)} at 16k and "
               f"{_found(passkey, landmarks, 32768)} at 32k; ranked by the bound, 1,024 candidates (the default before), "
               "with the q8_0 store Qwen finds the needle "
               + link(f"{_found(qwen, default, 131072)} at 128k", "document-memory")
