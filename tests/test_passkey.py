@@ -3,6 +3,7 @@ resumable JSON, heatmap, bad input. A tiny random model cannot find a key; the m
 checked here (bench/ holds the accuracy of the real model)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -283,3 +284,18 @@ def test_the_threads_given_are_the_readings_threads_too(tmp_path, tiny_llama, mo
     evaluate.compare_nll(str(path), list(range(3, 103)), ["lambda"], tmp_path / "nll.json", bucket=50, n_batch=32,
                          threads=1, window=32, sinks=4, progress=False)
     assert seen == [(1, 1), (1, 1)]
+
+
+def test_a_grid_shows_each_readings_tokens(tmp_path, tiny_wide, capsys):
+    """A trial's reading of a long document takes minutes inside the grid's bar of trials: its own bar counts the
+    document's tokens (erased when done)."""
+    from llama_extrapolate.harness import tasks
+
+    _, path = tiny_wide
+    res = tasks.run_retrieval(str(path), "passkey", SHARED[:2], [300], [0.0], 1, 0, tmp_path / "pk.json",
+                              n_batch=32, threads=2, window=32, sinks=4, n_new=2, progress=True)
+    assert len(res["trials"]) == 2
+    err = capsys.readouterr().err
+    totals = set(re.findall(r"reading:\s+\d+%\|[^|]*\| \d+/(\d+) \[", err))
+    # one reading shared by the two configurations: the document before the question
+    assert len(totals) == 1 and 250 < int(totals.pop()) < 300

@@ -134,10 +134,12 @@ class Stream:
     llama.cpp's context shift when ``context_shift`` (n_keep) is set (the 'context-shift' configuration). The
     reading, the question and the hold of the memory's blocks around it are the Session's; what is the task's is
     where the middle keys switch on (the question's start, top_k_scope 'question'), the end-of-text stop and the
-    one reading asked several ways from a saved state (``ask_each``)."""
+    one reading asked several ways from a saved state (``ask_each``). With ``progress`` each reading shows a bar of
+    its tokens, erased when done (a 64k reading inside a grid's bar of trials takes minutes)."""
 
-    def __init__(self, llm, n_batch: int, context_shift: Optional[int] = None) -> None:
+    def __init__(self, llm, n_batch: int, context_shift: Optional[int] = None, progress: bool = False) -> None:
         self.llm = llm
+        self.progress = progress
         self.context = ContextBackend(llm, n_batch, context_shift)
         self.session = Session(self.context)
         # the last reading and the last answer, timed by the Session (what a grid reports beside the score)
@@ -181,7 +183,7 @@ class Stream:
         self.reset()
         if self.has_top_k:
             self.llm.set_top_k_active(False)
-        self.last_read = self.session.read(document)
+        self.last_read = self.session.read(document, progress=self.progress, leave=False)
 
     def ask(self, question: Sequence[int], n_new: int, hold: bool = False) -> List[int]:
         """Greedy answer to ``question`` after the document in the cache, with the middle keys on; with ``hold``
@@ -392,7 +394,7 @@ def answer_prompts(model: str, info, configs: Sequence[str], prompts: Dict[tuple
             st = setup_for(reader, info, longest, n_batch, window=window, sinks=sinks)
             llm = Llama(model, attention=st.attention, n_ctx=st.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                         verbose=False, **thread_counts(threads), **st.llama_kwargs())
-            stream = Stream(llm, n_batch, st.context_shift)
+            stream = Stream(llm, n_batch, st.context_shift, progress=progress)
             if len(names) == 1 and NamedConfig.is_memory_name(reader):
                 llm.set_memory_question(*memory_question(reader))  # the question's selecting tokens
             peak_rss_reset()  # each reading group's own peak (Linux), not an earlier group's
