@@ -848,14 +848,21 @@ def table_rpc_70b(r: Path) -> str:
 RULER_FAMILIES = (("needles", "niah_"), ("aggregation", ("vt", "cwe")), ("QA", "qa_"))
 
 
+RULER_DEFAULT = "lambda+memory:m=64:c=128" + DEFAULT_STORE_SUFFIX + ":lm=16"
+RULER_BOUND_DEFAULT = "lambda+memory:m=64:c=1024" + DEFAULT_STORE_SUFFIX
+
+
 def ruler_status(r: Path, link) -> str:
     """README's RULER line: at each length run, each task family's score (mean over its tasks) under the memory's
-    defaults (m = 64, c = 1024, q4_0), full attention and Λ alone."""
+    default (landmarks of 16 keys, c = 128, q4_0; at lengths it was not run at, the bound's c = 1024, said so), full
+    attention and Λ alone."""
     d = load("ruler-qwen2.5-coder-0.5b.json", r)
-    names = ["lambda+memory:m=64:c=1024" + DEFAULT_STORE_SUFFIX, "vanilla", "lambda"]
     scores: Dict[tuple, List[float]] = {}  # (length, config, task) -> the samples' scores
     for t in d["trials"]:
         scores.setdefault((int(t["length"]), t["config"], t["task"]), []).append(t["score"])
+    lengths = sorted({L for L, _, _ in scores})
+    memory = {L: RULER_DEFAULT if any(l == L and c == RULER_DEFAULT for l, c, _ in scores) else RULER_BOUND_DEFAULT
+              for L in lengths}
 
     def family_mean(length: int, config: str, match) -> str:
         means = [np.mean(v) for (L, c, task), v in scores.items() if L == length and c == config and (
@@ -864,11 +871,16 @@ def ruler_status(r: Path, link) -> str:
 
     at = [f"{k(length)}: " + ", ".join(f"{family} {' / '.join(family_mean(length, c, match) for c in names)}"
                                        for family, match in RULER_FAMILIES)
-          for length in sorted({L for L, _, _ in scores})]
-    samples = min(len(v) for (_, c, _), v in scores.items() if c == names[0])
+          for length in lengths for names in [(memory[length], "vanilla", "lambda")]]
+    samples = min(len(v) for (L, c, _), v in scores.items() if c == memory[L])
     full_cwe = [x for (_, c, task), v in scores.items() if c == "vanilla" and task == "cwe" for x in v]
     caveat = "; the model finds no common words with full attention either" if full_cwe and max(full_cwe) == 0 else ""
-    return ("memory (q4_0 store) / full attention / Λ alone, " + link("; ".join(at), "ruler")
+    bound_at = [k(L) for L in lengths if memory[L] == RULER_BOUND_DEFAULT]
+    lm_at = [k(L) for L in lengths if memory[L] == RULER_DEFAULT]
+    which = ("the default, landmarks and 128 candidates" + (f", at {' and '.join(lm_at)}" if bound_at else "")
+             + (f"; at {' and '.join(bound_at)} the bound's 1,024 candidates, the default before" if bound_at and lm_at
+                else "; the bound's 1,024 candidates, the default before the landmarks" if bound_at else ""))
+    return (f"memory (q4_0 store; {which}) / full attention / Λ alone, " + link("; ".join(at), "ruler")
             + f" ({samples} samples a task{caveat})")
 
 
