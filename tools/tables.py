@@ -846,8 +846,6 @@ def table_rpc_70b(r: Path) -> str:
 
 
 RULER_FAMILIES = (("needles", "niah_"), ("aggregation", ("vt", "cwe")), ("QA", "qa_"))
-
-
 RULER_DEFAULT = "lambda+memory:m=64:c=128" + DEFAULT_STORE_SUFFIX + ":lm=16"
 RULER_BOUND_DEFAULT = "lambda+memory:m=64:c=1024" + DEFAULT_STORE_SUFFIX
 
@@ -877,9 +875,13 @@ def ruler_status(r: Path, link) -> str:
     caveat = "; the model finds no common words with full attention either" if full_cwe and max(full_cwe) == 0 else ""
     bound_at = [k(L) for L in lengths if memory[L] == RULER_BOUND_DEFAULT]
     lm_at = [k(L) for L in lengths if memory[L] == RULER_DEFAULT]
-    which = ("the default, landmarks and 128 candidates" + (f", at {' and '.join(lm_at)}" if bound_at else "")
-             + (f"; at {' and '.join(bound_at)} the bound's 1,024 candidates, the default before" if bound_at and lm_at
-                else "; the bound's 1,024 candidates, the default before the landmarks" if bound_at else ""))
+    if not bound_at:
+        which = "the default, landmarks and 128 candidates"
+    elif not lm_at:
+        which = "the bound's 1,024 candidates, the default before the landmarks"
+    else:
+        which = (f"the default, landmarks and 128 candidates, at {' and '.join(lm_at)}; at {' and '.join(bound_at)} "
+                 "the bound's 1,024 candidates, the default before")
     return (f"memory (q4_0 store; {which}) / full attention / Λ alone, " + link("; ".join(at), "ruler")
             + f" ({samples} samples a task{caveat})")
 
