@@ -17,6 +17,8 @@ with the queries rotated to D = C/2 as the memory does:
                    q_r.k_r + q_rest.center_rest, max over the block's keys (a score, not a bound)
   lowrank{r}q4     the same with the r coordinates in 4 bits within the block's range on each axis (r/2 bytes a key)
   landmark{n}      the mean of each n consecutive keys (ShadowKV's landmarks), max over the block's n-groups
+  landmark{n}q4    the same landmarks rounded to ggml's Q4_0 (blocks of 32 channels, one scale each, 4.5 bits a
+                   channel: half the RAM of the Q8_0 the memory keeps them in today)
 
 and reports, over the (layer, KV head) pairs whose exact top-m (m = 64) holds a needle block, in how many the needle
 block is within the first stage's best c (c = 64, 128, 256, 512), and how much of the exact top-m set the first
@@ -47,7 +49,7 @@ K_TOP = 5
 N_AXES_KEYS = 256         # the library takes the principal axes from at most 4*hd first keys
 CS = (64, 128, 256, 512)
 METHODS = ("box", "box-principal", "lowrank8", "lowrank16", "lowrank32", "lowrank16q4", "lowrank32q4",
-           "landmark8", "landmark16")
+           "landmark8", "landmark16", "landmark16q4", "landmark32", "landmark32q4")
 
 
 def prompt_for(length: int, depth: float):
@@ -132,13 +134,27 @@ def principal_axes(keys: np.ndarray) -> np.ndarray:
     return v[:, ::-1].T.astype(np.float32)
 
 
+def q4_0_rounded(x: np.ndarray) -> np.ndarray:
+    """x [..., hd] as Q4_0 holds it: per 32 channels the signed value of largest magnitude sets the scale d = v/-8,
+    each channel rounded to one of the 16 steps (q - 8)*d, q in 0..15."""
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    idx = np.abs(blocks).argmax(-1)[..., None]
+    d = np.take_along_axis(blocks, idx, -1) / -8
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    q = np.clip(np.floor(blocks * inv + 8.5), 0, 15)
+    return ((q - 8) * d).reshape(x.shape).astype(np.float32)
+
+
 def block_scores(method: str, q: np.ndarray, k: np.ndarray, axes: np.ndarray) -> np.ndarray:
     """Scores [n_blocks] of the blocks of keys k [n_blocks, B, hd] for the queries q [nq, hd]."""
     if method == "exact":
         return np.einsum("qd,btd->bqt", q, k, optimize=True).max(axis=(1, 2))
     if method.startswith("landmark"):
-        n = int(method[len("landmark"):])
+        spec = method[len("landmark"):]
+        n = int(spec.removesuffix("q4"))
         lm = k.reshape(k.shape[0], B // n, n, -1).mean(2)
+        if spec.endswith("q4"):
+            lm = q4_0_rounded(lm)
         return np.einsum("qd,btd->bqt", q, lm, optimize=True).max(axis=(1, 2))
     if method.startswith("box"):
         if method == "box-principal":
