@@ -646,9 +646,11 @@ SMALL_STORE_SUFFIX = ":q8_0"
 
 # run's and serve's memory as the shape models' readings name it: the blocks ranked by landmarks of 16 keys, 128
 # candidates reranked, the q4_0 store, the answer holding the question's blocks; before the landmarks the bound
-# proposed 1,024 candidates, which older rows measured
-SCALE_DEFAULT = "lambda+memory:m=64:c=128:q4_0:lm=16:hold"
-SCALE_BOUND_DEFAULT = "lambda+memory:m=64:c=1024" + DEFAULT_STORE_SUFFIX + ":hold"
+# proposed 1,024 candidates, which older rows measured (RULER's rows name the same memories without the hold)
+MEMORY_DEFAULT = "lambda+memory:m=64:c=128" + DEFAULT_STORE_SUFFIX + ":lm=16"
+MEMORY_BOUND_DEFAULT = "lambda+memory:m=64:c=1024" + DEFAULT_STORE_SUFFIX
+SCALE_DEFAULT = MEMORY_DEFAULT + ":hold"
+SCALE_BOUND_DEFAULT = MEMORY_BOUND_DEFAULT + ":hold"
 BOUND_NOTE = "ranked by the bound, 1,024 candidates: the default before the landmarks"
 
 
@@ -846,8 +848,6 @@ def table_rpc_70b(r: Path) -> str:
 
 
 RULER_FAMILIES = (("needles", "niah_"), ("aggregation", ("vt", "cwe")), ("QA", "qa_"))
-RULER_DEFAULT = "lambda+memory:m=64:c=128" + DEFAULT_STORE_SUFFIX + ":lm=16"
-RULER_BOUND_DEFAULT = "lambda+memory:m=64:c=1024" + DEFAULT_STORE_SUFFIX
 
 
 def ruler_status(r: Path, link) -> str:
@@ -859,7 +859,7 @@ def ruler_status(r: Path, link) -> str:
     for t in d["trials"]:
         scores.setdefault((int(t["length"]), t["config"], t["task"]), []).append(t["score"])
     lengths = sorted({L for L, _, _ in scores})
-    memory = {L: RULER_DEFAULT if any(l == L and c == RULER_DEFAULT for l, c, _ in scores) else RULER_BOUND_DEFAULT
+    memory = {L: MEMORY_DEFAULT if any(l == L and c == MEMORY_DEFAULT for l, c, _ in scores) else MEMORY_BOUND_DEFAULT
               for L in lengths}
 
     def family_mean(length: int, config: str, match) -> str:
@@ -873,8 +873,8 @@ def ruler_status(r: Path, link) -> str:
     samples = min(len(v) for (L, c, _), v in scores.items() if c == memory[L])
     full_cwe = [x for (_, c, task), v in scores.items() if c == "vanilla" and task == "cwe" for x in v]
     caveat = "; the model finds no common words with full attention either" if full_cwe and max(full_cwe) == 0 else ""
-    bound_at = [k(L) for L in lengths if memory[L] == RULER_BOUND_DEFAULT]
-    lm_at = [k(L) for L in lengths if memory[L] == RULER_DEFAULT]
+    bound_at = [k(L) for L in lengths if memory[L] == MEMORY_BOUND_DEFAULT]
+    lm_at = [k(L) for L in lengths if memory[L] == MEMORY_DEFAULT]
     if not bound_at:
         which = "the default, landmarks and 128 candidates"
     elif not lm_at:
