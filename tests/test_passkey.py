@@ -299,3 +299,17 @@ def test_a_grid_shows_each_readings_tokens(tmp_path, tiny_wide, capsys):
     totals = set(re.findall(r"reading:\s+\d+%\|[^|]*\| \d+/(\d+) \[", err))
     # one reading shared by the two configurations: the document before the question
     assert len(totals) == 1 and 250 < int(totals.pop()) < 300
+
+
+def test_a_grid_shows_the_reading_of_a_prompt_read_whole(tmp_path, tiny_wide, capsys):
+    """Full attention reads the whole prompt as its question (nothing to switch on at the question): that reading
+    shows its bar too, counting the document and the question."""
+    from llama_extrapolate.harness import tasks
+
+    _, path = tiny_wide
+    res = tasks.run_retrieval(str(path), "passkey", ["vanilla"], [300], [0.0], 1, 0, tmp_path / "pk.json",
+                              n_batch=32, threads=2, window=32, sinks=4, n_new=2, progress=True)
+    assert len(res["trials"]) == 1
+    err = capsys.readouterr().err
+    totals = re.findall(r"reading:\s+\d+%\|[^|]*\| \d+/(\d+) \[", err)
+    assert totals and {int(t) for t in totals} == {res["trials"][0]["tokens"]}, err

@@ -199,12 +199,7 @@ class Session:
         the bar counts the whole reading. ``after_chunk`` is called after each decode, when the stream is whole
         (a checkpoint is taken there)."""
         tokens = _token_list(tokens, "read")
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(tokens) + done_before, initial=done_before, desc=desc, unit="tok",
-                       file=sys.stderr, leave=leave)
+        bar = _token_bar(progress, len(tokens) + done_before, desc, leave, initial=done_before)
         t0 = time.perf_counter()
         try:
             for n in self._chunks(tokens):
@@ -236,8 +231,11 @@ class Session:
             token = self.backend.next_token()
             yield Step(token=token, seconds=time.perf_counter() - t0)
 
-    def ask(self, question: Sequence[int], *, hold: bool = False) -> "Question":
-        """Decode ``question`` after the stream and take its first greedy answer token.
+    def ask(self, question: Sequence[int], *, hold: bool = False, progress: bool = False,
+            desc: str = "reading", leave: bool = True) -> "Question":
+        """Decode ``question`` after the stream and take its first greedy answer token (with a bar of its tokens as
+        ``read`` shows when ``progress``: a configuration that reads a whole prompt as its question, full
+        attention or Λ over a long document, is a reading too).
 
         ``hold`` (the document memory only): the question selects its blocks and keeps them in RAM
         (``memory_hold("keep")``), and its answer attends to those blocks without selecting or reading the store
@@ -251,12 +249,14 @@ class Session:
             raise ValueError("ask(hold=True): this Llama has no document memory (memory_blocks=0, or a plain "
                              "llama_cpp.Llama), so there is no selection to hold; use hold=False, or load the model "
                              "with the document memory")
+        bar = _token_bar(progress, len(question), desc, leave)
         t0 = time.perf_counter()
         if hold:
             self.backend.memory_hold("keep")
         try:
-            for _ in self._chunks(question):
-                pass
+            for n in self._chunks(question):
+                if bar is not None:
+                    bar.update(n)
             first = self.backend.next_token()
             seconds = time.perf_counter() - t0
             if hold:
@@ -265,7 +265,20 @@ class Session:
             if hold:
                 self.backend.memory_hold("select")
             raise
+        finally:
+            if bar is not None:
+                bar.close()
         return Question(self, token=first, seconds=seconds, tokens=len(question), held=hold)
+
+
+def _token_bar(progress: bool, total: int, desc: str, leave: bool, initial: int = 0):
+    """A tqdm bar of tokens on stderr when ``progress`` (``leave=False``: erased when done, for a bar inside an
+    outer one), else None."""
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="tok", file=sys.stderr, leave=leave)
 
 
 class Question:

@@ -135,7 +135,8 @@ class Stream:
     reading, the question and the hold of the memory's blocks around it are the Session's; what is the task's is
     where the middle keys switch on (the question's start, top_k_scope 'question'), the end-of-text stop and the
     one reading asked several ways from a saved state (``ask_each``). With ``progress`` each reading shows a bar of
-    its tokens, erased when done (a 64k reading inside a grid's bar of trials takes minutes)."""
+    its tokens, erased when done (a 64k reading inside a grid's bar of trials takes minutes), a whole prompt read as
+    the question (full attention, Λ alone, context shift) too."""
 
     def __init__(self, llm, n_batch: int, context_shift: Optional[int] = None, progress: bool = False) -> None:
         self.llm = llm
@@ -174,7 +175,7 @@ class Stream:
             if hold:
                 raise ValueError("hold: the answer holds the blocks of a question; give question_start")
             self.reset()
-            return self.answer_question(prompt, n_new)
+            return self.answer_question(prompt, n_new, progress=self.progress)
         self.read_document(prompt[:question_start])
         return self.ask(prompt[question_start:], n_new, hold)
 
@@ -192,11 +193,13 @@ class Stream:
             self.llm.set_top_k_active(True)
         return self.answer_question(question, n_new, hold)
 
-    def answer_question(self, question: Sequence[int], n_new: int, hold: bool = False) -> List[int]:
+    def answer_question(self, question: Sequence[int], n_new: int, hold: bool = False,
+                        progress: bool = False) -> List[int]:
         """Greedy answer to ``question`` with the attention as it is set (the held blocks as ``ask`` says): at most
-        ``n_new`` tokens, up to the end of text."""
+        ``n_new`` tokens, up to the end of text; ``progress``: a reading's bar of the question's tokens (a whole
+        prompt read as the question)."""
         t0 = time.perf_counter()
-        with self.session.ask(question, hold=hold) as asked:
+        with self.session.ask(question, hold=hold, progress=progress, leave=False) as asked:
             self.last_first_token_seconds = asked.seconds
             out = asked.answer_tokens(n_new, stop=self.llm.token_eos())
         self.last_answer_seconds = time.perf_counter() - t0
