@@ -867,9 +867,12 @@ def ruler_status(r: Path, link) -> str:
             task.startswith(match) if isinstance(match, str) else task in match)]
         return f(np.mean(means), 0) if means else DASH
 
-    at = [f"{k(length)}: " + ", ".join(f"{family} {' / '.join(family_mean(length, c, match) for c in names)}"
-                                       for family, match in RULER_FAMILIES)
-          for length in lengths for names in [(memory[length], "vanilla", "lambda")]]
+    def at_length(length: int) -> str:
+        names = (memory[length], "vanilla", "lambda")
+        return f"{k(length)}: " + ", ".join(f"{family} {' / '.join(family_mean(length, c, match) for c in names)}"
+                                            for family, match in RULER_FAMILIES)
+
+    at = [at_length(length) for length in lengths]
     samples = min(len(v) for (L, c, _), v in scores.items() if c == memory[L])
     full_cwe = [x for (_, c, task), v in scores.items() if c == "vanilla" and task == "cwe" for x in v]
     caveat = "; the model finds no common words with full attention either" if full_cwe and max(full_cwe) == 0 else ""
