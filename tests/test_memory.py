@@ -435,6 +435,18 @@ def q8_0_rounded(x):
     return (q * d.astype(np.float16).astype(np.float32)).reshape(np.shape(x)).astype(np.float64)
 
 
+def q4_0_rounded(x):
+    """Rows of x rounded as ggml's quantize_row_q4_0_ref rounds them: blocks of 32 values, each an F16 scale d =
+    (its value of largest magnitude, sign kept) / -8 and the values to the integers floor(x/d + 8.5) in [0, 15] less 8
+    (float64 for the products)."""
+    blocks = np.asarray(x, dtype=np.float32).reshape(len(x), -1, 32)
+    first = np.abs(blocks).argmax(-1)[..., None]  # the first of equal magnitudes, as the loop's strict <
+    d = np.take_along_axis(blocks, first, -1) / np.float32(-8)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.minimum(np.float32(15), np.floor(blocks * inv + np.float32(8.5))) - 8
+    return (q * d.astype(np.float16).astype(np.float32)).reshape(np.shape(x)).astype(np.float64)
+
+
 @pytest.fixture(scope="module")
 def tiny_hd32(tmp_path_factory):
     """(model, its GGUF, a stream) of the tiny model with heads of 32 channels: one q8_0 block a head."""
@@ -1153,5 +1165,43 @@ def test_a_quantized_store_keeps_its_region_in_q8_0(tiny_hd32):
     # values rounded to q8_0 across the cells): the same logits but for the order of the sums (the selection's
     # order is the scores', the kept region's the question's). Before, the selecting steps cast the region to the
     # F16 cache's type and scored it with F16 queries: a difference of q8_0's rounding of the queries
+    e_same = np.abs(held[span] - selecting[span]).max() / np.abs(exact).max()
+    assert e_same < 1e-5, f"a selecting step and a held one differ by {e_same} (relative) over the same blocks"
+
+
+def test_a_q4_0_store_keeps_its_region_in_q4_0(tiny_hd32):
+    """A q4_0 store (the wide models' default, for the disk) keeps its region in q4_0 too, for the RAM: the keys as
+    stored and the values rounded to q4_0 across the cells (18 bytes per 32 values: a Llama-2-7B region of 64 blocks
+    of 64 in 27 layers takes 0.51 GB where Q8_0 values put it at 0.74). A selecting step attends to the blocks it
+    reads in those types, so over the kept blocks it gives the held step's logits; the values' second rounding keeps
+    the held logits within Q4_0's coarser step of the q8_0 store's error (16 times it: 8 levels a sign against 127;
+    a region read wrong would be off by the logits themselves)."""
+    model, path, tokens = tiny_hd32
+    m, q_end = 8, QUESTION + 2  # as in the q8_0 test: steps before 259 select the six selectable blocks
+    runs = {}
+    for name, mode, store in [("hold", "hold", "q4_0"), ("select", "select", "q4_0"), ("q8_0", "hold", "q8_0"),
+                              ("f32", "select", "f32")]:
+        llm = make_llm(path, memory_config(memory_blocks=m), memory_type=store, type_k=int(store != "f32"),
+                       type_v=int(store != "f32"))
+        try:
+            before = llm.memory_info()["bytes_in_ram"]
+            runs[name] = answer_steps(llm, tokens, q_end, mode)
+            runs[name + "_ram"] = llm.memory_info()["bytes_in_ram"] - before
+        finally:
+            llm.close()
+    n_stored = model.n_layer - H0
+    assert runs["hold_ram"] == 2 * n_stored * model.n_head_kv * m * B * model.head_dim * 18 // 32
+    assert runs["q8_0_ram"] == runs["hold_ram"] * 34 // 18
+    (held, held_sel), (selecting, sel_steps) = runs["hold"], runs["select"]
+    blocks = lambda sel: {il: [sorted(row[row >= 0]) for row in s] for il, s in sel.items()}
+    same = 0
+    while same < len(sel_steps) and blocks(sel_steps[same]) == blocks(held_sel[0]):
+        same += 1
+    assert same >= 5, "the selecting steps before 259 select the kept blocks"
+    span = slice(q_end, q_end + same)
+    exact = runs["f32"][0][span]
+    err = lambda got: np.abs(got[span] - exact).max() / np.abs(exact).max()
+    e_q4, e_q8 = err(held), err(runs["q8_0"][0])
+    assert 0 < e_q8 < e_q4 < 16 * e_q8, f"held q4_0 region: relative logit error {e_q4}, q8_0 store {e_q8}"
     e_same = np.abs(held[span] - selecting[span]).max() / np.abs(exact).max()
     assert e_same < 1e-5, f"a selecting step and a held one differ by {e_same} (relative) over the same blocks"

@@ -13,22 +13,25 @@ state carries the landmarks, a state without them is refused, and bad values are
 import numpy as np
 import pytest
 
-from conftest import memory_state_round_trip
-from test_memory import (B, H0, M, N_SELECTABLE, QUESTION, S, assert_logits_given, block_bound, make_llm,  # noqa: F401
-                         memory_config, q8_0_rounded, question_queries, read_and_ask, rerank_of, selection,
-                         stored_blocks, tiny, tiny_hd32)
+from conftest import memory_state_round_trip, random_tokens, save_mid_document
+from test_memory import (B, H0, M, N_SELECTABLE, N_TOKENS, QUESTION, S, assert_logits_given, block_bound,  # noqa: F401
+                         make_llm, memory_config, q4_0_rounded, q8_0_rounded, question_queries, read_and_ask, rerank_of,
+                         selection, stored_blocks, tiny, tiny_hd32)
 from test_memory_axes import assert_top_m_of
 
 LANDMARK = 8  # tokens a landmark averages: 4 landmarks a block of 32
 
 
-def landmark_score(qg, keys, n=LANDMARK):
+def landmark_score(qg, keys, n=LANDMARK, rounded=q8_0_rounded):
     """A block's largest q.k over its landmarks (the means of its runs of n stored keys, as the library keeps them:
-    F16 for heads of 16; Q8_0 for heads of a multiple of 32, whose product rounds the queries to q8_0 too) and the
-    queries qg."""
-    means = keys.astype(np.float32).reshape(-1, n, keys.shape[-1]).mean(1)
+    F16 for heads of 16; for heads of a multiple of 32 Q8_0, or Q4_0 beside a q4_0 store (``rounded``), whose
+    product rounds the queries to q8_0 too) and the queries qg."""
+    # summed in order and divided in float32, as the library does: at 4 bits a mean a rounding apart from the
+    # library's would round to another of 16 levels
+    runs = keys.astype(np.float32).reshape(-1, n, keys.shape[-1])
+    means = np.cumsum(runs, axis=1, dtype=np.float32)[:, -1] / np.float32(n)
     if keys.shape[-1] % 32 == 0:
-        return (q8_0_rounded(qg) @ q8_0_rounded(means).T).max()
+        return (q8_0_rounded(qg) @ rounded(means).T).max()
     return (qg @ means.astype(np.float16).astype(np.float64).T).max()
 
 
@@ -142,6 +145,102 @@ def test_heads_of_32_channels_rank_by_q8_0_landmarks(tiny_hd32):
             score = np.array([landmark_score(queries[(il, g)], stored[(b, il, g)][0]) for b in range(N_SELECTABLE)])
             assert_top_m_of(score, sel[il][g], (il, g))
     assert_logits_given(model, tokens, got, sel)
+
+
+def test_a_q4_0_store_ranks_by_q4_0_landmarks(tiny_hd32):
+    """Beside a q4_0 store (a wide model's, for its disk) the landmarks are Q4_0 (18 bytes a landmark of 32: at
+    Llama-2-7B's shapes and 128k tokens 0.54 GB where Q8_0 took 1.02), and the product takes them as kept: the
+    selection is numpy's top m of the Q4_0 landmarks of the stored keys (as the q4_0 store returns them) against
+    q8_0-rounded queries, and not that of Q8_0 landmarks everywhere. Checked in the first stored layer, over four
+    streams: the queries of the layers after it come through the region's q4_0 values, which the oracle's
+    forward does not round."""
+    model, path, _ = tiny_hd32
+    differ = 0
+    for seed in range(2, 6):
+        tokens = random_tokens(model, N_TOKENS, seed=seed)
+        llm = make_llm(path, memory_config(), memory_landmark=LANDMARK, memory_type="q4_0")
+        try:
+            ram = llm.memory_info()["bytes_in_ram"]
+            read_and_ask(llm, tokens)
+            sel = selection(llm, model)
+            stored = stored_blocks(llm, model, N_SELECTABLE)
+        finally:
+            llm.close()
+        n_stored, cap, row = model.n_layer - H0, 512 // B, model.n_head_kv * model.head_dim
+        pending = 2 * n_stored * B * row * 4  # the block being filled, in F32
+        assert ram == (B // LANDMARK) * n_stored * cap * row * 18 // 32 + pending
+        queries = question_queries(model, tokens, sel)
+        for g in range(model.n_head_kv):
+            keys = [stored[(b, H0, g)][0] for b in range(N_SELECTABLE)]
+            score = np.array([landmark_score(queries[(H0, g)], k, rounded=q4_0_rounded) for k in keys])
+            assert_top_m_of(score, sel[H0][g], (seed, H0, g))
+            q8 = np.array([landmark_score(queries[(H0, g)], k) for k in keys])
+            differ += set(np.argsort(-q8, kind="stable")[:M].tolist()) != set(sel[H0][g].tolist())
+    assert differ > 0, "Q8_0 landmarks must select otherwise somewhere for the test to tell Q4_0 ones apart"
+
+
+def test_a_kept_q4_0_stores_state_carries_its_q4_0_landmarks(tiny_hd32, tmp_path):
+    """A kept store's state references its blocks and carries their landmarks as kept (Q4_0 beside a q4_0 store,
+    18 bytes a landmark where the summaries' rows are 34): a context that reopens the file and loads the state goes
+    on with the selections and logits of the stream that never stopped, every KV head's landmarks where they were."""
+    model, path, tokens = tiny_hd32
+    kept = dict(memory_path=str(tmp_path / "doc.memory"), memory_keep=True, memory_landmark=LANDMARK,
+                memory_type="q4_0")
+    doc = QUESTION - 7
+    a = make_llm(path, memory_config(), **kept)
+    try:
+        state, saved = save_mid_document(a, tokens, doc)
+        want = np.asarray(a.scores[doc:N_TOKENS], dtype=np.float64)
+        want_sel = {il: a.memory_selection(il) for il in range(H0, model.n_layer)}
+    finally:
+        a.close()
+    assert saved["n_blocks"] >= 2 and model.n_head_kv > 1
+    b = make_llm(path, memory_config(), **kept, memory_reopen=True)
+    try:
+        b.set_top_k_active(False)
+        b.load_state(state)
+        b.set_top_k_active(True)
+        b.eval(tokens[doc:])
+        got = np.asarray(b.scores[doc:N_TOKENS], dtype=np.float64)
+        for il, sel in want_sel.items():
+            np.testing.assert_array_equal(b.memory_selection(il), sel)
+    finally:
+        b.close()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_an_earlier_builds_state_is_read_where_its_landmarks_are_this_builds(tiny_hd32, tmp_path, capfd):
+    """A kept store's state of an earlier build ("LXMEMRF4") has its landmarks in the summaries' type: it is read
+    where that is still theirs (an f32 store's Q8_0 landmarks) and refused, with the reason, beside a q4_0 store
+    (whose landmarks were Q8_0 and are now Q4_0), not misread."""
+    import copy
+
+    model, path, tokens = tiny_hd32
+    doc = QUESTION - 7
+    for store, read in [("f32", True), ("q4_0", False)]:
+        kept = dict(memory_path=str(tmp_path / f"doc-{store}.memory"), memory_keep=True, memory_landmark=LANDMARK,
+                    memory_type=store)
+        a = make_llm(path, memory_config(), **kept)
+        try:
+            state, _ = save_mid_document(a, tokens, doc)
+        finally:
+            a.close()
+        blob = bytes(state.llama_state)
+        assert blob.count(b"LXMEMRF5") == 1
+        earlier = copy.copy(state)
+        earlier.llama_state = blob.replace(b"LXMEMRF5", b"LXMEMRF4")
+        b = make_llm(path, memory_config(), **kept, memory_reopen=True)
+        try:
+            capfd.readouterr()
+            if read:
+                b.load_state(earlier)
+                assert b.memory_info()["n_blocks"] > 0
+            else:
+                with pytest.raises(Exception, match="state"):
+                    b.load_state(earlier)
+                assert "whose landmarks beside a q4_0 store were q8_0 (this build's are q4_0)" in capfd.readouterr().err
+        finally:
+            b.close()
 
 
 @pytest.mark.parametrize("landmark", [5, 64, -1, True])

@@ -611,6 +611,26 @@ def table_memory_scale(r: Path) -> str:
                "peak RSS"], rows)
 
 
+def table_memory_scale_types(r: Path) -> str:
+    """The memory's RAM by the types it keeps (bench/results/scale_types.json: bench/scale.py's entries of one
+    configuration, each run by a build that kept the landmarks and the held region in other types): the memory's
+    RAM, the peak RSS against issue 56's target (the weights + 2 GB + the cache), the first answer token and an
+    answer step."""
+    rows = []
+    for run in load("scale_types.json", r)["runs"]:
+        t, short, long_ = run["types"], run["short_question"], run["long_question"]
+        target = run["model_bytes"] + 2e9 + run["kv_cache_bytes"]
+        rows.append([run["build"], f"{t['landmarks']} / {t['held_keys']} / {t['held_values']}",
+                     f"{run['memory_ram_bytes'] / 1e9:.2f} GB",
+                     f"{run['peak_rss_bytes'] / 1e9:.2f} GB (target {target / 1e9:.2f} GB)",
+                     f"{short['first_token_s']:.2f} s / {long_['first_token_s']:.2f} s",
+                     f"{short['answer_step_mean_s']:.3f} s"])
+    first = load("scale_types.json", r)["runs"][0]
+    return md(["build", "landmarks / held keys / held values", "memory RAM", "peak RSS",
+               f"first token ({first['short_question']['question_tokens']}- / 128-token question)", "answer step"],
+              rows)
+
+
 def table_memory_resume(r: Path) -> str:
     """A reading killed after a checkpoint and run again (bench/resume.py): where the checkpoint was, what it cost,
     what the rerun read, and whether its answer is the one of a reading that never stopped."""
@@ -850,6 +870,9 @@ def table_rpc_70b(r: Path) -> str:
 RULER_FAMILIES = (("needles", "niah_"), ("aggregation", ("vt", "cwe")), ("QA", "qa_"))
 
 
+FOUR_BIT_SINCE = "2026-12-06"  # patch 0012: a q4_0 store's landmarks and held values in Q4_0 (Q8_0 before)
+
+
 def ruler_status(r: Path, link) -> str:
     """README's RULER line: at each length run, each task family's score (mean over its tasks) under the memory's
     default (landmarks of 16 keys, c = 128, q4_0; at lengths it was not run at, the bound's c = 1024, said so), full
@@ -885,7 +908,10 @@ def ruler_status(r: Path, link) -> str:
     else:
         which = (f"the default, landmarks and 128 candidates, at {' and '.join(lm_at)}; at {' and '.join(bound_at)} "
                  "the bound's 1,024 candidates, the default before")
-    return (f"memory (q4_0 store; {which}) / full attention / Λ alone, " + link("; ".join(at), "ruler")
+    # a q4_0 store's landmarks and held values are 4-bit since FOUR_BIT_SINCE; trials before it (undated) had Q8_0
+    four_bit = any(t.get("date", "") >= FOUR_BIT_SINCE for t in d["trials"] if t["config"] in memory.values())
+    store = "q4_0 store" + ("" if four_bit else f", its landmarks and held values in Q8_0 as before {FOUR_BIT_SINCE}")
+    return (f"memory ({store}; {which}) / full attention / Λ alone, " + link("; ".join(at), "ruler")
             + f" ({samples} samples a task{caveat})")
 
 
@@ -1058,6 +1084,7 @@ TABLES: Dict[str, Callable[[Path], str]] = {
     "memory-cost": table_memory_cost,
     "memory-step": table_memory_step,
     "memory-scale": table_memory_scale,
+    "memory-scale-types": table_memory_scale_types,
     "memory-resume": table_memory_resume,
     "sizing": table_sizing,
     "server-ttft": table_server_ttft,
@@ -1077,7 +1104,7 @@ AREAS: Dict[str, List[str]] = {
     "receptive-fields": ["trf", "erf"],
     "memory": ["memory-passkey", "memory-needle", "memory-qwen", "memory-needle-qwen", "memory-needle-multi-qwen",
                "memory-needle-blocks", "memory-needle-selection", "memory-first-stage", "memory-rss-phases", "memory-cost", "memory-step",
-               "memory-scale", "memory-resume"],
+               "memory-scale", "memory-scale-types", "memory-resume"],
     "server": ["server-ttft"],
     "ruler": ["ruler", "model-qa", "reading-speed"],
     "rpc": ["rpc", "rpc-70b"],

@@ -422,7 +422,8 @@ def answer_prompts(model: str, info, configs: Sequence[str], prompts: Dict[tuple
                     for name, (out, first, answer_s) in answers.items():
                         text = llm.detokenize(out).decode("utf-8", errors="replace")
                         timing = {"seconds": seconds, "first_token_seconds": first, "answer_seconds": answer_s,
-                                  "answer_tokens": len(out), "peak_rss_bytes": peak_rss_bytes()}
+                                  "answer_tokens": len(out), "peak_rss_bytes": peak_rss_bytes(),
+                                  "date": time.strftime("%Y-%m-%d")}  # (what the build of that day computed)
                         if name != reader or len(answers) > 1:
                             timing["read_with"] = reader  # one reading, then the question asked in several ways
                         if read is not None and read.tokens:
