@@ -124,21 +124,31 @@ def test_a_state_carries_the_landmarks_and_one_without_is_refused(tiny, capfd):
         other.close()
 
 
+def ask_hd32(path, model, tokens, **kw):
+    """The heads-of-32 model's memory with landmarks (``kw``: more of the Llama's arguments), read and asked: its RAM
+    before the reading, the logits, the selection and the stored blocks."""
+    llm = make_llm(path, memory_config(), memory_landmark=LANDMARK, **kw)
+    try:
+        ram = llm.memory_info()["bytes_in_ram"]
+        got = read_and_ask(llm, tokens)
+        return ram, got, selection(llm, model), stored_blocks(llm, model, N_SELECTABLE)
+    finally:
+        llm.close()
+
+
+def landmark_ram(model, bytes_per_32):
+    """The RAM of the heads-of-32 model's memory with landmarks of ``bytes_per_32`` bytes a block of 32 values (34
+    Q8_0, 18 Q4_0) for the capacity's blocks, and the block being filled, in F32."""
+    n_stored, cap, row = model.n_layer - H0, 512 // B, model.n_head_kv * model.head_dim
+    return (B // LANDMARK) * n_stored * cap * row * bytes_per_32 // 32 + 2 * n_stored * B * row * 4
+
+
 def test_heads_of_32_channels_rank_by_q8_0_landmarks(tiny_hd32):
     """Heads of 32 channels keep their landmarks in Q8_0, as their summaries (34 bytes a landmark), and the product
     takes them as kept: the selection is numpy's top m of the Q8_0 landmarks' scores against q8_0-rounded queries."""
     model, path, tokens = tiny_hd32
-    llm = make_llm(path, memory_config(), memory_landmark=LANDMARK)
-    try:
-        ram = llm.memory_info()["bytes_in_ram"]
-        got = read_and_ask(llm, tokens)
-        sel = selection(llm, model)
-        stored = stored_blocks(llm, model, N_SELECTABLE)
-    finally:
-        llm.close()
-    n_stored, cap, row = model.n_layer - H0, 512 // B, model.n_head_kv * model.head_dim
-    pending = 2 * n_stored * B * row * 4  # the block being filled, in F32
-    assert ram == (B // LANDMARK) * n_stored * cap * row * 34 // 32 + pending  # no min/max summaries
+    ram, got, sel, stored = ask_hd32(path, model, tokens)
+    assert ram == landmark_ram(model, 34)  # no min/max summaries
     queries = question_queries(model, tokens, sel)
     for il in range(H0, model.n_layer):
         for g in range(model.n_head_kv):
@@ -158,17 +168,8 @@ def test_a_q4_0_store_ranks_by_q4_0_landmarks(tiny_hd32):
     differ = 0
     for seed in range(2, 6):
         tokens = random_tokens(model, N_TOKENS, seed=seed)
-        llm = make_llm(path, memory_config(), memory_landmark=LANDMARK, memory_type="q4_0")
-        try:
-            ram = llm.memory_info()["bytes_in_ram"]
-            read_and_ask(llm, tokens)
-            sel = selection(llm, model)
-            stored = stored_blocks(llm, model, N_SELECTABLE)
-        finally:
-            llm.close()
-        n_stored, cap, row = model.n_layer - H0, 512 // B, model.n_head_kv * model.head_dim
-        pending = 2 * n_stored * B * row * 4  # the block being filled, in F32
-        assert ram == (B // LANDMARK) * n_stored * cap * row * 18 // 32 + pending
+        ram, _, sel, stored = ask_hd32(path, model, tokens, memory_type="q4_0")
+        assert ram == landmark_ram(model, 18)
         queries = question_queries(model, tokens, sel)
         for g in range(model.n_head_kv):
             keys = [stored[(b, H0, g)][0] for b in range(N_SELECTABLE)]
