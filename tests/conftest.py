@@ -113,6 +113,35 @@ def memory_state_round_trip(make, tokens, doc: int, layers) -> dict:
         b.close()
 
 
+def kept_state_reopened(make, reopen, tokens, doc: int, layers) -> dict:
+    """The kept store's round trip: context a (``make()``, its store in a kept file) reads tokens[:doc] with the
+    question's retrieval off, saves its state and reads on (the file goes on past the state's blocks) and is closed;
+    a new context (``reopen()``, the file reopened) loads the state and reads the same rest. Their logits for the rest
+    (``want``, ``got``), selections in ``layers`` (``want_sel``, ``got_sel``), a's memory at the save and b's after
+    the load (``saved``, ``loaded``) and the state, for the caller to compare."""
+    import numpy as np
+
+    a = make()
+    try:
+        state, saved = save_mid_document(a, tokens, doc)
+        want = np.asarray(a.scores[doc:len(tokens)], dtype=np.float64)
+        want_sel = {il: a.memory_selection(il) for il in layers}
+    finally:
+        a.close()
+    b = reopen()
+    try:
+        b.set_top_k_active(False)
+        b.load_state(state)
+        loaded = b.memory_info()
+        b.set_top_k_active(True)
+        b.eval(tokens[doc:])
+        return {"want": want, "got": np.asarray(b.scores[doc:len(tokens)], dtype=np.float64),
+                "want_sel": want_sel, "got_sel": {il: b.memory_selection(il) for il in layers},
+                "saved": saved, "loaded": loaded, "state": state}
+    finally:
+        b.close()
+
+
 @pytest.fixture(scope="session")
 def default_model():
 

@@ -18,7 +18,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from conftest import memory_state_round_trip, random_tokens, save_mid_document, tiny_llm
+from conftest import kept_state_reopened, memory_state_round_trip, random_tokens, tiny_llm
 from reference import RefAttention, TopKMargin, forward, forward_mpt, rope_angles, rotate
 
 N_TOKENS = 300
@@ -933,13 +933,10 @@ def test_a_kept_stores_state_references_its_blocks_and_a_reopened_store_goes_on_
     r = memory_state_round_trip(lambda: make_llm(path, memory_config()), tokens, doc, range(H0, model.n_layer))
     copied = r["state"].llama_state_size
 
-    a = make_llm(path, memory_config(), **kept)
-    try:
-        state, saved = save_mid_document(a, tokens, doc)  # the file goes on past the state's blocks
-        want = np.asarray(a.scores[doc:N_TOKENS], dtype=np.float64)
-        want_sel = {il: a.memory_selection(il) for il in range(H0, model.n_layer)}
-    finally:
-        a.close()
+    r = kept_state_reopened(lambda: make_llm(path, memory_config(), **kept),
+                            lambda: make_llm(path, memory_config(), **kept, memory_reopen=True),
+                            tokens, doc, range(H0, model.n_layer))
+    state, saved = r["state"], r["saved"]
     assert store.is_file()
     # a copy carries each block's record (F32 K and V rows); a reference its summaries (F16 center and radius per
     # channel), the path (u32 length + bytes) and the last block's hash
@@ -948,21 +945,11 @@ def test_a_kept_stores_state_references_its_blocks_and_a_reopened_store_goes_on_
     reference = 4 + len(str(store).encode()) + 8
     assert saved["n_blocks"] >= 2
     assert copied - state.llama_state_size == saved["n_blocks"] * (record - summary) - reference
-
-    b = make_llm(path, memory_config(), **kept, memory_reopen=True)
-    try:
-        b.set_top_k_active(False)
-        b.load_state(state)
-        assert b.memory_info()["n_tokens"] == saved["n_tokens"]
-        b.set_top_k_active(True)
-        b.eval(tokens[doc:])
-        got = np.asarray(b.scores[doc:N_TOKENS], dtype=np.float64)
-        for il, sel in want_sel.items():
-            np.testing.assert_array_equal(b.memory_selection(il), sel)
-    finally:
-        b.close()
-    assert (want_sel[H0] >= 0).all()
-    np.testing.assert_array_equal(got, want)
+    assert r["loaded"]["n_tokens"] == saved["n_tokens"]
+    for il, sel in r["want_sel"].items():
+        np.testing.assert_array_equal(r["got_sel"][il], sel)
+    assert (r["want_sel"][H0] >= 0).all()
+    np.testing.assert_array_equal(r["got"], r["want"])
 
     # another reading wrote the file since (opened without reopen: emptied): the state is refused, not misread
     c = make_llm(path, memory_config(), **kept)

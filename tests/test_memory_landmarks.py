@@ -13,7 +13,7 @@ state carries the landmarks, a state without them is refused, and bad values are
 import numpy as np
 import pytest
 
-from conftest import memory_state_round_trip, random_tokens, save_mid_document
+from conftest import kept_state_reopened, memory_state_round_trip, random_tokens, save_mid_document
 from test_memory import (B, H0, M, N_SELECTABLE, N_TOKENS, QUESTION, S, assert_logits_given, block_bound,  # noqa: F401
                          make_llm, memory_config, q4_0_rounded, q8_0_rounded, question_queries, read_and_ask, rerank_of,
                          selection, stored_blocks, tiny, tiny_hd32)
@@ -187,27 +187,13 @@ def test_a_kept_q4_0_stores_state_carries_its_q4_0_landmarks(tiny_hd32, tmp_path
     model, path, tokens = tiny_hd32
     kept = dict(memory_path=str(tmp_path / "doc.memory"), memory_keep=True, memory_landmark=LANDMARK,
                 memory_type="q4_0")
-    doc = QUESTION - 7
-    a = make_llm(path, memory_config(), **kept)
-    try:
-        state, saved = save_mid_document(a, tokens, doc)
-        want = np.asarray(a.scores[doc:N_TOKENS], dtype=np.float64)
-        want_sel = {il: a.memory_selection(il) for il in range(H0, model.n_layer)}
-    finally:
-        a.close()
-    assert saved["n_blocks"] >= 2 and model.n_head_kv > 1
-    b = make_llm(path, memory_config(), **kept, memory_reopen=True)
-    try:
-        b.set_top_k_active(False)
-        b.load_state(state)
-        b.set_top_k_active(True)
-        b.eval(tokens[doc:])
-        got = np.asarray(b.scores[doc:N_TOKENS], dtype=np.float64)
-        for il, sel in want_sel.items():
-            np.testing.assert_array_equal(b.memory_selection(il), sel)
-    finally:
-        b.close()
-    np.testing.assert_array_equal(got, want)
+    r = kept_state_reopened(lambda: make_llm(path, memory_config(), **kept),
+                            lambda: make_llm(path, memory_config(), **kept, memory_reopen=True),
+                            tokens, QUESTION - 7, range(H0, model.n_layer))
+    assert r["saved"]["n_blocks"] >= 2 and model.n_head_kv > 1
+    for il, sel in r["want_sel"].items():
+        np.testing.assert_array_equal(r["got_sel"][il], sel)
+    np.testing.assert_array_equal(r["got"], r["want"])
 
 
 def test_an_earlier_builds_state_is_read_where_its_landmarks_are_this_builds(tiny_hd32, tmp_path, capfd):
