@@ -86,28 +86,42 @@ def save_mid_document(llm, tokens, doc: int):
     return state, saved
 
 
+def _saved_mid_document(a, tokens, doc: int, layers):
+    """save_mid_document on context a, with its logits for the rest and its selections in ``layers``."""
+    import numpy as np
+
+    state, saved = save_mid_document(a, tokens, doc)
+    return state, saved, np.asarray(a.scores[doc:len(tokens)], dtype=np.float64), \
+        {il: a.memory_selection(il) for il in layers}
+
+
+def _went_on_from(b, state, tokens, doc: int, layers) -> dict:
+    """Context b loads the state with the question's retrieval off and reads tokens[doc:] with it on: its logits for
+    the rest, its selections in ``layers`` and its memory after the load."""
+    import numpy as np
+
+    b.set_top_k_active(False)
+    b.load_state(state)
+    loaded = b.memory_info()
+    b.set_top_k_active(True)
+    b.eval(tokens[doc:])
+    return {"got": np.asarray(b.scores[doc:len(tokens)], dtype=np.float64),
+            "got_sel": {il: b.memory_selection(il) for il in layers}, "loaded": loaded}
+
+
 def memory_state_round_trip(make, tokens, doc: int, layers) -> dict:
     """The document memory saved and restored with the stream: context a reads tokens[:doc] with the question's
     retrieval off, saves its state, turns retrieval on and reads the rest; context b (from ``make()`` too) reads
     something the state must replace, loads the state and reads the rest the same way. Their logits for the rest
     (``want``, ``got``), each one's selections in ``layers`` (``want_sel``, ``got_sel``), a's memory at the save and
     b's after the load (``saved``, ``loaded``), for the caller to compare."""
-    import numpy as np
-
     a, b = make(), make()
     try:
-        state, saved = save_mid_document(a, tokens, doc)
+        state, saved, want, want_sel = _saved_mid_document(a, tokens, doc, layers)
         b.set_top_k_active(False)
         b.eval(tokens[:40])
-        b.load_state(state)
-        loaded = b.memory_info()
-        b.set_top_k_active(True)
-        b.eval(tokens[doc:])
-        return {"want": np.asarray(a.scores[doc:len(tokens)], dtype=np.float64),
-                "got": np.asarray(b.scores[doc:len(tokens)], dtype=np.float64),
-                "want_sel": {il: a.memory_selection(il) for il in layers},
-                "got_sel": {il: b.memory_selection(il) for il in layers},
-                "saved": saved, "loaded": loaded, "state": state}
+        return {"want": want, "want_sel": want_sel, "saved": saved, "state": state,
+                **_went_on_from(b, state, tokens, doc, layers)}
     finally:
         a.close()
         b.close()
@@ -116,28 +130,17 @@ def memory_state_round_trip(make, tokens, doc: int, layers) -> dict:
 def kept_state_reopened(make, reopen, tokens, doc: int, layers) -> dict:
     """The kept store's round trip: context a (``make()``, its store in a kept file) reads tokens[:doc] with the
     question's retrieval off, saves its state and reads on (the file goes on past the state's blocks) and is closed;
-    a new context (``reopen()``, the file reopened) loads the state and reads the same rest. Their logits for the rest
-    (``want``, ``got``), selections in ``layers`` (``want_sel``, ``got_sel``), a's memory at the save and b's after
-    the load (``saved``, ``loaded``) and the state, for the caller to compare."""
-    import numpy as np
-
+    a new context (``reopen()``, the file reopened) loads the state and reads the same rest. The same keys as
+    memory_state_round_trip's, for the caller to compare."""
     a = make()
     try:
-        state, saved = save_mid_document(a, tokens, doc)
-        want = np.asarray(a.scores[doc:len(tokens)], dtype=np.float64)
-        want_sel = {il: a.memory_selection(il) for il in layers}
+        state, saved, want, want_sel = _saved_mid_document(a, tokens, doc, layers)
     finally:
         a.close()
     b = reopen()
     try:
-        b.set_top_k_active(False)
-        b.load_state(state)
-        loaded = b.memory_info()
-        b.set_top_k_active(True)
-        b.eval(tokens[doc:])
-        return {"want": want, "got": np.asarray(b.scores[doc:len(tokens)], dtype=np.float64),
-                "want_sel": want_sel, "got_sel": {il: b.memory_selection(il) for il in layers},
-                "saved": saved, "loaded": loaded, "state": state}
+        return {"want": want, "want_sel": want_sel, "saved": saved, "state": state,
+                **_went_on_from(b, state, tokens, doc, layers)}
     finally:
         b.close()
 
