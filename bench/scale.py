@@ -84,7 +84,7 @@ def run(args) -> None:
 
     from llama_extrapolate.config import MEMORY_CANDIDATES_PER_BLOCK
     from llama_extrapolate.harness.evaluate import memory_config_name, setup_for
-    from llama_extrapolate.names import NamedConfig
+    from llama_extrapolate.names import MEMORY_STORE_LAYOUT, NamedConfig
     from llama_extrapolate.reader import load_document_state, save_document_state
     from llama_extrapolate.resources import peak_rss_bytes, peak_rss_reset
     from llama_extrapolate.session import Session
@@ -164,6 +164,8 @@ def run(args) -> None:
                      "capacity": (args.capacity or None) if st.attention.memory_blocks else None,
                      "read_s": read_s, "read_tok_s": len(text) / read_s, "n_ctx": st.n_ctx,
                      "kv_cache_bytes": st.n_ctx * shape.n_layer * shape.kv_values_per_layer() * 2 * 2}
+            if st.attention.memory_blocks:
+                entry["store_layout"] = MEMORY_STORE_LAYOUT
             if reuse:
                 entry["reading_reused"] = reading["date"]
             if reader != name:

@@ -90,10 +90,11 @@ def test_the_memorys_store_is_q8_0_where_it_is_small_and_q4_0_where_disk_asks_fo
     assert memory_type_for(replace(info, key_length=80)) == "f16"
 
 
-def test_run_and_serve_rank_by_landmarks_with_two_candidates_per_block_unless_told(default_model):
-    """The default first stage is the landmarks of 16 keys, reranking 2m candidates (the bound's 2m lost needles its
-    16m found; the landmarks' 2m did not); asked for the bound (--memory-landmark 0, or principal axes, which are the
-    bound's), the candidates are the bound's 16m; candidates given are kept either way."""
+def test_run_and_serve_select_by_landmarks_alone_unless_told(default_model):
+    """The default first stage is the landmarks of 16 keys, which select the m blocks themselves (reranking 2m of
+    them won no answer the grids asked, and cost the 7B shape's question a third more time); asked for the bound
+    (--memory-landmark 0, or principal axes, which are the bound's), the bound's 16m candidates are reranked, since
+    the bound alone loses needles; candidates given are kept either way."""
     import llama_extrapolate as le
     from llama_extrapolate.config import MEMORY_CANDIDATES_PER_BLOCK
     from llama_extrapolate.options import DEFAULT_MEMORY_LANDMARK, LANDMARK_CANDIDATES_PER_BLOCK, AttentionOptions
@@ -103,12 +104,12 @@ def test_run_and_serve_rank_by_landmarks_with_two_candidates_per_block_unless_to
     def chosen(**given):
         options, _ = AttentionOptions(**given).resolve_on(info)
         resolved = options.attention(info).resolve(info)
-        return options.memory_landmark_or_default(), resolved.memory_candidates
+        return options.memory_landmark_or_default(), resolved.memory_blocks, resolved.memory_candidates
 
-    m = chosen()[1] // LANDMARK_CANDIDATES_PER_BLOCK
-    assert chosen() == (DEFAULT_MEMORY_LANDMARK, LANDMARK_CANDIDATES_PER_BLOCK * m) == (16, 128)
-    assert chosen(memory_landmark=0) == (0, MEMORY_CANDIDATES_PER_BLOCK * m)
-    assert chosen(memory_axes="principal") == (0, MEMORY_CANDIDATES_PER_BLOCK * m)
-    assert chosen(memory_landmark=8, memory_candidates=300) == (8, 300)
-    assert chosen(memory_blocks=16) == (16, LANDMARK_CANDIDATES_PER_BLOCK * 16)
-    assert chosen(memory_landmark=16, memory_candidates=0) == (16, 0)  # the landmarks alone
+    assert LANDMARK_CANDIDATES_PER_BLOCK == 0
+    assert chosen() == (DEFAULT_MEMORY_LANDMARK, 64, 0) == (16, 64, 0)
+    assert chosen(memory_landmark=0) == (0, 64, MEMORY_CANDIDATES_PER_BLOCK * 64)
+    assert chosen(memory_axes="principal") == (0, 64, MEMORY_CANDIDATES_PER_BLOCK * 64)
+    assert chosen(memory_landmark=8, memory_candidates=300) == (8, 64, 300)
+    assert chosen(memory_blocks=16) == (16, 16, 0)
+    assert chosen(memory_landmark=16, memory_candidates=128) == (16, 64, 128)  # the previous default, when told

@@ -664,26 +664,46 @@ DEFAULT_STORE_SUFFIX = ":q4_0"
 SMALL_STORE_SUFFIX = ":q8_0"
 
 
-# run's and serve's memory as the shape models' readings name it: the blocks ranked by landmarks of 16 keys, 128
-# candidates reranked, the q4_0 store, the answer holding the question's blocks; before the landmarks the bound
-# proposed 1,024 candidates, which older rows measured (RULER's rows name the same memories without the hold)
-MEMORY_DEFAULT = "lambda+memory:m=64:c=128" + DEFAULT_STORE_SUFFIX + ":lm=16"
+# run's and serve's memory as the shape models' readings name it: the blocks selected by landmarks of 16 keys alone,
+# the q4_0 store, the answer holding the question's blocks; before, the landmarks proposed 128 candidates that the
+# keys reranked, and before the landmarks the bound proposed 1,024, which older rows measured (RULER's rows name the
+# same memories without the hold)
+MEMORY_DEFAULT = "lambda+memory:m=64:c=0" + DEFAULT_STORE_SUFFIX + ":lm=16"
+MEMORY_RERANK_DEFAULT = "lambda+memory:m=64:c=128" + DEFAULT_STORE_SUFFIX + ":lm=16"
 MEMORY_BOUND_DEFAULT = "lambda+memory:m=64:c=1024" + DEFAULT_STORE_SUFFIX
 SCALE_DEFAULT = MEMORY_DEFAULT + ":hold"
+SCALE_RERANK_DEFAULT = MEMORY_RERANK_DEFAULT + ":hold"
 SCALE_BOUND_DEFAULT = MEMORY_BOUND_DEFAULT + ":hold"
+RERANK_NOTE = "128 of the landmarks' candidates reranked: the default before the landmarks alone"
 BOUND_NOTE = "ranked by the bound, 1,024 candidates: the default before the landmarks"
+LAYOUT_2_NOTE = "store layout 2: the values rounded twice"
+
+
+def layout_2(results: List[dict]) -> bool:
+    """Memory results measured before the store's record layout 3 (names.MEMORY_STORE_LAYOUT: "store_layout" absent
+    or older), whose values were stored as the keys are and rounded again across the cells at the question."""
+    return any(x.get("store_layout", 2) < NAMES.MEMORY_STORE_LAYOUT for x in results)
+
+
+# what README's lines call each default a row was measured with
+MEMORY_DEFAULT_NAMES = {MEMORY_DEFAULT: "the default, landmarks alone",
+                        MEMORY_RERANK_DEFAULT: "landmarks and 128 candidates, the default before",
+                        MEMORY_BOUND_DEFAULT: "the bound's 1,024 candidates, the default before the landmarks"}
 
 
 def scale_readings(r: Path) -> List[dict]:
     """The shape models' real readings as run and serve answer them: the ":hold" runs of scale.json on a memory
     opened for what was read (not the short readings into a memory opened for more, ``capacity``), one per shape
     and length: today's default's (SCALE_DEFAULT, also where it asked a reading made for several configurations),
-    else the bound's former default with the q4_0 store, else with the q8_0 store, which its note then names."""
+    else the landmarks' former 128 candidates (likewise), else the bound's former default with the q4_0 store, else
+    with the q8_0 store, which its note then names."""
+    ladder = (SCALE_DEFAULT, SCALE_RERANK_DEFAULT, SCALE_BOUND_DEFAULT)
+
     def rank(x: dict) -> int:
-        return 0 if x["config"] == SCALE_DEFAULT else 1 if x["config"] == SCALE_BOUND_DEFAULT else 2
+        return ladder.index(x["config"]) if x["config"] in ladder else len(ladder)
 
     runs = [x for x in load("scale.json", r)["runs"] if x["config"].endswith(":hold") and not x.get("capacity")
-            and (x["config"] == SCALE_DEFAULT or not x.get("read_with"))]
+            and (x["config"] in ladder[:2] or not x.get("read_with"))]
     best = {}
     for x in runs:
         key = (x["shape"], x["tokens"])
@@ -691,8 +711,9 @@ def scale_readings(r: Path) -> List[dict]:
             best[key] = x
     out = []
     for x in best.values():
-        notes = [x.get("note"), None if rank(x) == 0 else BOUND_NOTE,
-                 "the q8_0 store, before q4_0 became the default" if rank(x) == 2 else None]
+        notes = [x.get("note"), RERANK_NOTE if rank(x) == 1 else BOUND_NOTE if rank(x) > 1 else None,
+                 "the q8_0 store, before q4_0 became the default" if rank(x) == 3 else None,
+                 LAYOUT_2_NOTE if layout_2([x]) else None]
         out.append({**x, "note": "; ".join(n for n in notes if n)} if any(notes) else x)
     return out
 
@@ -875,14 +896,15 @@ FOUR_BIT_SINCE = "2026-12-06"  # patch 0012: a q4_0 store's landmarks and held v
 
 def ruler_status(r: Path, link) -> str:
     """README's RULER line: at each length run, each task family's score (mean over its tasks) under the memory's
-    default (landmarks of 16 keys, c = 128, q4_0; at lengths it was not run at, the bound's c = 1024, said so), full
-    attention and Λ alone."""
+    default (landmarks of 16 keys alone, q4_0; at lengths it was not run at, the newest former default that was,
+    said so), full attention and Λ alone."""
     d = load("ruler-qwen2.5-coder-0.5b.json", r)
     scores: Dict[tuple, List[float]] = {}  # (length, config, task) -> the samples' scores
     for t in d["trials"]:
         scores.setdefault((int(t["length"]), t["config"], t["task"]), []).append(t["score"])
     lengths = sorted({L for L, _, _ in scores})
-    memory = {L: MEMORY_DEFAULT if any(l == L and c == MEMORY_DEFAULT for l, c, _ in scores) else MEMORY_BOUND_DEFAULT
+    ladder = list(MEMORY_DEFAULT_NAMES)
+    memory = {L: next((m for m in ladder if any(l == L and c == m for l, c, _ in scores)), MEMORY_BOUND_DEFAULT)
               for L in lengths}
 
     def family_mean(length: int, config: str, match) -> str:
@@ -899,18 +921,14 @@ def ruler_status(r: Path, link) -> str:
     samples = min(len(v) for (L, c, _), v in scores.items() if c == memory[L])
     full_cwe = [x for (_, c, task), v in scores.items() if c == "vanilla" and task == "cwe" for x in v]
     caveat = "; the model finds no common words with full attention either" if full_cwe and max(full_cwe) == 0 else ""
-    bound_at = [k(L) for L in lengths if memory[L] == MEMORY_BOUND_DEFAULT]
-    lm_at = [k(L) for L in lengths if memory[L] == MEMORY_DEFAULT]
-    if not bound_at:
-        which = "the default, landmarks and 128 candidates"
-    elif not lm_at:
-        which = "the bound's 1,024 candidates, the default before the landmarks"
-    else:
-        which = (f"the default, landmarks and 128 candidates, at {' and '.join(lm_at)}; at {' and '.join(bound_at)} "
-                 "the bound's 1,024 candidates, the default before")
+    where = {m: [k(L) for L in lengths if memory[L] == m] for m in ladder}
+    which = "; ".join(MEMORY_DEFAULT_NAMES[m] + (f", at {' and '.join(ks)}" if len(ks) < len(lengths) else "")
+                      for m, ks in where.items() if ks)
     # a q4_0 store's landmarks and held values are 4-bit since FOUR_BIT_SINCE; trials before it (undated) had Q8_0
     four_bit = any(t.get("date", "") >= FOUR_BIT_SINCE for t in d["trials"] if t["config"] in memory.values())
     store = "q4_0 store" + ("" if four_bit else f", its landmarks and held values in Q8_0 as before {FOUR_BIT_SINCE}")
+    if layout_2([t for t in d["trials"] if t["config"] in memory.values()]):
+        store += ", " + LAYOUT_2_NOTE
     return (f"memory ({store}; {which}) / full attention / Λ alone, " + link("; ".join(at), "ruler")
             + f" ({samples} samples a task{caveat})")
 
@@ -936,16 +954,41 @@ def table_status(r: Path) -> str:
     qwen = load("memory_needle_qwen2.5-coder-0.5b.json", r)["trials"]
     needle = load("memory_needle.json", r)["trials"]
     passkey = load("memory_passkey.json", r)["trials"]
-    # run's and serve's memory on these models (the q8_0 store: a name without a type), then the bound's 1,024
-    # candidates, the default before the landmarks
-    landmarks = "lambda+memory:m=64:c=128:lm=16:hold"
+    # run's and serve's memory on these models (the q8_0 store: a name without a type): the landmarks alone, the
+    # answer holding the question's blocks where that was run (else each answer token selecting anew: marked), the
+    # store's layout 3 where that was run (else marked); then the landmarks' 128 candidates and the bound's 1,024
+    # candidates, the defaults before
+    alone, rerank = "lambda+memory:m=64:c=0:lm=16", "lambda+memory:m=64:c=128:lm=16"
+    smol_alone, smol_rerank = "lambda+memory:m=64:c=0:q8_0:lm=16", "lambda+memory:m=64:c=128:q8_0:lm=16"
+    marks = {"†": "each answer token selecting its blocks anew, where run and serve hold the question's",
+             "‡": LAYOUT_2_NOTE}
+    used_marks = set()
+
+    def found(trials: List[dict], config: str, length: int) -> str:
+        held = [t for t in trials if t["config"] == config + ":hold" and t["length"] == length]
+        used = held or [t for t in trials if t["config"] == config and t["length"] == length]
+        mark = ("" if held else "†") + ("‡" if layout_2(used) else "")
+        used_marks.update(mark)
+        return f"{sum(bool(t['correct']) for t in used)}/{len(used)}{mark}" if used else DASH
+
+    cells = [(qwen, 16384), (qwen, 32768), (qwen, 65536), (passkey, 16384), (passkey, 32768)]
+    same = (all(_found(t, alone, L) == _found(t, rerank, L) == _found(t, rerank + ":hold", L) for t, L in cells)
+            and _found(needle, smol_alone, 32768) == _found(needle, smol_rerank, 32768))
+    before = ("128 candidates reranked (the default before) found as many asked alike, the answer holding the "
+              "question's blocks too" if same else f"128 candidates reranked (the default before, the answer holding "
+              f"the question's blocks): Qwen {', '.join(_found(qwen, rerank + ':hold', L) for L in (16384, 32768, 65536))}"
+              f" at 16k / 32k / 64k, SmolLM2 {_found(needle, smol_rerank, 32768)}, pass keys "
+              f"{_found(passkey, rerank + ':hold', 16384)} / {_found(passkey, rerank + ':hold', 32768)}")
     default = "lambda+memory:m=64:c=1024"
     q4, q8 = default + DEFAULT_STORE_SUFFIX, default + SMALL_STORE_SUFFIX
-    memory = ("ranked by landmarks of 16 keys, 128 candidates (the default): Qwen2.5-Coder-0.5B finds the needle "
-              + link(f"{_found(qwen, landmarks, 32768)} at 32k", "document-memory")
-              + f" ({_found(qwen, landmarks, 16384)} at 16k, {_found(qwen, landmarks, 65536)} at 64k), SmolLM2 "
-              f"{_found(needle, 'lambda+memory:m=64:c=128:q8_0:lm=16', 32768)} at 32k, SmolLM2's pass keys {_found(passkey, landmarks, 16384)} at 16k and "
-              f"{_found(passkey, landmarks, 32768)} at 32k; ranked by the bound, 1,024 candidates (the default before), "
+    memory = ("ranked by landmarks of 16 keys alone (the default): Qwen2.5-Coder-0.5B finds the needle "
+              + link(f"{found(qwen, alone, 32768)} at 32k", "document-memory")
+              + f" ({found(qwen, alone, 16384)} at 16k, {found(qwen, alone, 65536)} at 64k), SmolLM2 "
+              f"{found(needle, smol_alone, 32768)} at 32k, SmolLM2's pass keys {found(passkey, alone, 16384)} at 16k "
+              f"and {found(passkey, alone, 32768)} at 32k ("
+              + "; ".join(f"{m} {marks[m]}" for m in marks if m in used_marks)
+              + f"); {before}; ranked by the bound, 1,024 candidates (the "
+              "default before the landmarks), "
               "with the q8_0 store Qwen finds the needle "
               + link(f"{_found(qwen, default, 131072)} at 128k", "document-memory")
               + f" ({_found(qwen, default, 32768)} at 32k, {_found(qwen, default, 65536)} at 64k; q4_0 "
@@ -973,12 +1016,19 @@ def table_status(r: Path) -> str:
              f" after 128), then {bq['answer_step_mean_s']:.2f} s a token; memory RAM "
              f"{big['memory_ram_bytes'] / 1e9:.2f} GB, peak RSS {big['peak_rss_bytes'] / 1e9:.2f} GB"
              + (f" ({big['note']})" if big.get("note") else ""))
-    bound = [x for x in load("scale.json", r)["runs"] if x["config"] == SCALE_BOUND_DEFAULT
-             and (x["shape"], x["tokens"]) == (big["shape"], big["tokens"]) and not x.get("capacity")]
-    if big["config"] == SCALE_DEFAULT and bound:
-        b = bound[-1]
-        at_7b += (f"; the bound's 1,024 candidates (the default before): {b['short_question']['first_token_s']:.1f} s / "
-                  f"{b['long_question']['first_token_s']:.1f} s, read at {b['read_tok_s']:.0f} tok/s")
+    # the same document with the default before (the landmarks' 128 candidates, on the same reading), else the
+    # bound's 1,024 candidates, the default before the landmarks
+    same_doc = [x for x in load("scale.json", r)["runs"] if (x["shape"], x["tokens"]) == (big["shape"], big["tokens"])
+                and not x.get("capacity")]
+    before = next(([x for x in same_doc if x["config"] == c][-1] for c in (SCALE_RERANK_DEFAULT, SCALE_BOUND_DEFAULT)
+                   if any(x["config"] == c for x in same_doc)), None)
+    if big["config"] == SCALE_DEFAULT and before:
+        name = ("128 of the landmarks' candidates reranked" if before["config"] == SCALE_RERANK_DEFAULT
+                else "the bound's 1,024 candidates")
+        at_7b += (f"; {name} (the default before): {before['short_question']['first_token_s']:.1f} s / "
+                  f"{before['long_question']['first_token_s']:.1f} s"
+                  + ("" if before.get("read_with") == big.get("read_with") and big.get("read_with")
+                     else f", read at {before['read_tok_s']:.0f} tok/s"))
 
     nll = load("nll_essays.json", r)
     lo, hi = _nll_range(nll, "lambda", 4096, 8192), _nll_range(nll, "lambda", 32768, 65536)

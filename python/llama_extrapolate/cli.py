@@ -293,6 +293,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 top_k += (f", memory {mi['n_blocks']} blocks of {mi['n_block']} ({mi['bytes_on_disk'] / 2**20:.1f} MiB on "
                           f"disk, {mi['bytes_in_ram'] / 2**20:.1f} MiB in RAM), {r.memory_blocks} selected per head"
                           + (f" ranked by landmarks of {mi['n_landmark']} keys" if mi["n_landmark"] else "")
+                          + (f" among {r.memory_candidates} candidates reranked by their keys"
+                             if r.memory_candidates else "")
                           + (", read whole" if r.memory_passages else ""))
             print(f"[{llm.n_tokens} tokens in the stream, window {r.window or 'off'}, sinks {r.sinks}, ceiling "
                   f"{r.ceiling or 'off'}{top_k}, cache {n_ctx} cells, {time.perf_counter() - t0:.1f} s, peak RSS "

@@ -35,6 +35,10 @@ MEMORY_PASSAGES_SUFFIX = ":passages"
 # after ":c=C": the store's type (":q4_0"); left out, q8_0 (options.NAMED_CONFIG_STORE: what the results stored under
 # such names ran with, not the library's default), f16 for heads not a multiple of 32
 MEMORY_STORE_TYPES = ("q8_0", "q4_0", "f16", "f32")
+# the memory file's record layout (patch 0012's RECORD_LAYOUT, the header's first field), which memory results record
+# as "store_layout": 3 since 2026-12-06, the values stored a channel at a time and read as they are; 2 before (absent
+# from older results), the values stored as the keys are and rounded again across the cells at the question
+MEMORY_STORE_LAYOUT = 3
 # after the store's type: the block summaries along the principal axes of the document's first keys (memory_axes)
 MEMORY_AXES_SUFFIX = ":principal"
 # after the axes: the blocks ranked by the means of runs of L keys (memory_landmark), not by the bound

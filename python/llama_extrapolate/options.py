@@ -22,11 +22,14 @@ DEFAULT_CHECKPOINT_SECONDS = 600.0
 MEMORY_AXES_CHOICES = ("channels", "principal")
 DEFAULT_MEMORY_AXES = "channels"
 # where `run` and `serve` rank the memory's blocks by landmarks (the means of runs of this many keys) unless told
-# otherwise, and rerank this many times m of them: on SmolLM2's needle at 32k the landmarks' 2m candidates found as
-# many needles as the bound's 16m (4 of 5 against 1 of 5 for the bound's 2m), and at Llama-2-7B's shapes and 128k
-# tokens the question's first answer token came 1.8x sooner on a host that read 1.6x slower (docs/results.md)
+# otherwise, and rerank this many times m of them, 0: the landmarks select the m blocks themselves. The landmarks'
+# ranking holds where the bound's did not (SmolLM2's needle at 32k: 2m of their candidates found 4 of 5, the bound's
+# 2m 1 of 5), and reranking them wins no answer the grids ask: Qwen2.5-Coder-0.5B's needle at 16k-64k and SmolLM2's
+# pass keys at 16k-32k alike with 0 and 2m, RULER at 64k on the 0.5B needles 44 against 38, on the 1.5B QA 50
+# against 25 (one HotpotQA answer more), the needles alike; at Llama-2-7B's shapes and 128k tokens the first answer token 3.05 s / 9.05 s
+# after an 11- / 128-token question against 4.5 s / 12.2 s with 2m (docs/results.md)
 DEFAULT_MEMORY_LANDMARK = 16
-LANDMARK_CANDIDATES_PER_BLOCK = 2
+LANDMARK_CANDIDATES_PER_BLOCK = 0
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import AttentionConfig
@@ -86,8 +89,9 @@ def _specs() -> Dict[str, OptionSpec]:
         OptionSpec("memory_candidates", int,
                    f"blocks the first stage (the landmarks, else Quest's bound) proposes to each head, of which the "
                    f"M with the largest exact q.k are "
-                   f"selected (default {LANDMARK_CANDIDATES_PER_BLOCK}*M with landmarks, "
-                   f"{MEMORY_CANDIDATES_PER_BLOCK}*M with the bound; 0: the first stage selects them)", minimum=0),
+                   f"selected (0: the first stage selects them; default "
+                   + (f"{LANDMARK_CANDIDATES_PER_BLOCK}*M" if LANDMARK_CANDIDATES_PER_BLOCK else "0")
+                   + f" with landmarks, {MEMORY_CANDIDATES_PER_BLOCK}*M with the bound)", minimum=0),
         OptionSpec("passages", bool,
                    "the question reads every key of the M selected blocks, in the order of the text, instead of "
                    "the --top-k best keys among them: whole passages (found the multi-key needle on Qwen, where "

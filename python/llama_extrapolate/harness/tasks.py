@@ -24,7 +24,7 @@ from .. import native
 from ..jsonfile import read_json_if, write_json_atomic, writes_one_file
 from ..native import load_tokenizer
 from ..reader import common_prefix  # noqa: F401 (tasks.common_prefix is what callers used)
-from ..names import NamedConfig
+from ..names import MEMORY_STORE_LAYOUT, NamedConfig
 from ..session import ContextBackend, ReadReport, Session
 
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -423,7 +423,9 @@ def answer_prompts(model: str, info, configs: Sequence[str], prompts: Dict[tuple
                         text = llm.detokenize(out).decode("utf-8", errors="replace")
                         timing = {"seconds": seconds, "first_token_seconds": first, "answer_seconds": answer_s,
                                   "answer_tokens": len(out), "peak_rss_bytes": peak_rss_bytes(),
-                                  "date": time.strftime("%Y-%m-%d")}  # (what the build of that day computed)
+                                  "date": time.strftime("%Y-%m-%d %H:%M")}  # (what the build of that hour computed)
+                        if NamedConfig.is_memory_name(name):
+                            timing["store_layout"] = MEMORY_STORE_LAYOUT
                         if name != reader or len(answers) > 1:
                             timing["read_with"] = reader  # one reading, then the question asked in several ways
                         if read is not None and read.tokens:
