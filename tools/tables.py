@@ -965,11 +965,12 @@ def table_status(r: Path) -> str:
     used_marks = set()
 
     def found(trials: List[dict], config: str, length: int) -> str:
-        held = [t for t in trials if t["config"] == config + ":hold" and t["length"] == length]
-        used = held or [t for t in trials if t["config"] == config and t["length"] == length]
+        held = any(t["config"] == config + ":hold" and t["length"] == length for t in trials)
+        config = config + ":hold" if held else config
+        used = [t for t in trials if t["config"] == config and t["length"] == length]
         mark = ("" if held else "†") + ("‡" if layout_2(used) else "")
         used_marks.update(mark)
-        return f"{sum(bool(t['correct']) for t in used)}/{len(used)}{mark}" if used else DASH
+        return _found(trials, config, length) + (mark if used else "")
 
     cells = [(qwen, 16384), (qwen, 32768), (qwen, 65536), (passkey, 16384), (passkey, 32768)]
     same = (all(_found(t, alone, L) == _found(t, rerank, L) == _found(t, rerank + ":hold", L) for t, L in cells)

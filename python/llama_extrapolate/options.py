@@ -26,8 +26,9 @@ DEFAULT_MEMORY_AXES = "channels"
 # ranking holds where the bound's did not (SmolLM2's needle at 32k: 2m of their candidates found 4 of 5, the bound's
 # 2m 1 of 5), and reranking them wins no answer the grids ask: Qwen2.5-Coder-0.5B's needle at 16k-64k and SmolLM2's
 # pass keys at 16k-32k alike with 0 and 2m, RULER at 64k on the 0.5B needles 44 against 38, on the 1.5B QA 50
-# against 25 (one HotpotQA answer more), the needles alike; at Llama-2-7B's shapes and 128k tokens the first answer token 3.05 s / 9.05 s
-# after an 11- / 128-token question against 4.5 s / 12.2 s with 2m (docs/results.md)
+# against 25 (one HotpotQA answer more), the needles alike; at Llama-2-7B's shapes and 128k tokens the first answer
+# token 3.05 s / 9.05 s after an 11- / 128-token question against 4.5 s / 12.2 s with 2m (store layout 2; on layout
+# 3, 2.85 s / 9.9 s against 4.0 s / 13.1 s on a noisier host: docs/results.md)
 DEFAULT_MEMORY_LANDMARK = 16
 LANDMARK_CANDIDATES_PER_BLOCK = 0
 
